@@ -1,0 +1,68 @@
+"""The attention-backend interface: paged KV write + attention for a mixed batch.
+
+A step's tokens are flattened: the first ``num_decodes`` sequences contribute one token
+each, the remaining ones a prefill chunk that may sit on top of cached prefix blocks.
+A backend writes the new K/V into the paged cache at the slots the model runner chose and
+computes attention over each sequence's whole context. The torch backend serves CPU;
+a flashinfer backend (GPU) implements the same two methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    """One sequence's prefill chunk inside the flattened batch."""
+
+    q_start: int
+    """Offset of the chunk's first token in the flattened batch."""
+    q_len: int
+    ctx_len: int
+    """Context after this chunk: cached/computed tokens plus the chunk."""
+    block_ids: torch.Tensor
+    """The blocks holding the context, in order (long)."""
+    mask: torch.Tensor | None
+    """Causal mask (q_len, ctx_len) when the chunk sits on a prefix; None = plain causal."""
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything attention needs for one step, built once and shared by all layers."""
+
+    num_decodes: int
+    slot_blocks: torch.Tensor
+    """Per flattened token: the block its K/V goes to (long, shape [T])."""
+    slot_offsets: torch.Tensor
+    """Per flattened token: the offset inside that block (long, shape [T])."""
+    decode_block_tables: torch.Tensor | None = None
+    """(num_decodes, max_blocks) block ids, padded with 0."""
+    decode_mask: torch.Tensor | None = None
+    """(num_decodes, 1, 1, max_blocks * block_size) True where a key is in context."""
+    prefills: tuple[PrefillSeq, ...] = ()
+
+
+class AttentionBackend(Protocol):
+    """What a model layer calls; one instance per engine."""
+
+    def write_kv(
+        self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> None:
+        """Store this step's keys and values ([T, kv_heads, head_dim]) into the layer's cache."""
+        ...
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention output [T, heads, head_dim] for the flattened queries ``q``."""
+        ...

@@ -1,0 +1,63 @@
+"""``LLM``: offline batch generation in one call."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from pdmesh.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.request import RequestOutput
+from pdmesh.sampling_params import SamplingParams
+
+
+class LLM:
+    """``LLM(model=DIR, dtype="float32").generate(prompts, params)``.
+
+    Keyword arguments are the fields of ``EngineConfig``, ``CacheConfig`` and
+    ``SchedulerConfig`` (e.g. ``block_size=16, max_num_batched_tokens=512``).
+    """
+
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        groups: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}, "engine": {}}
+        cache_fields = set(CacheConfig.__dataclass_fields__)
+        sched_fields = set(SchedulerConfig.__dataclass_fields__)
+        for key, value in kwargs.items():
+            group = "cache" if key in cache_fields else "scheduler" if key in sched_fields else "engine"
+            groups[group][key] = value
+        self.engine = LLMEngine(
+            EngineConfig(
+                model=model,
+                cache=CacheConfig(**groups["cache"]),
+                scheduler=SchedulerConfig(**groups["scheduler"]),
+                **groups["engine"],
+            )
+        )
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = params or SamplingParams()
+        per_prompt = (
+            [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        )
+        order: dict[str, int] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, per_prompt, strict=True)):
+            rid = f"llm-{next(self._ids)}"
+            self.engine.add_request(rid, prompt, p.replace(output_kind="final_only"))
+            order[rid] = i
+        results: list[RequestOutput | None] = [None] * len(order)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    results[order[out.request_id]] = out
+        return [r for r in results if r is not None]

@@ -1,0 +1,284 @@
+"""The synchronous engine: add requests, ``step()`` until done, abort at any time.
+
+One step = schedule → run the model → sample → append tokens, detokenize, check stops →
+register computed blocks as prefix cache → free finished sequences → render outputs.
+Every path that ends a sequence goes through ``Scheduler.finish``, which frees its
+blocks, so a finished, failed or aborted request never keeps a KV block.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pdmesh.attention.backend import AttentionBackend
+from pdmesh.attention.torch_backend import TorchAttentionBackend
+from pdmesh.config import EngineConfig
+from pdmesh.engine.detokenizer import IncrementalDetokenizer
+from pdmesh.engine.model_runner import ModelRunner, kv_block_bytes
+from pdmesh.engine.output import RequestState, _Cursor
+from pdmesh.engine.sampler import Sampler
+from pdmesh.engine.scheduler import Scheduler
+from pdmesh.errors import InvalidRequestError, UnknownRequestError
+from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
+from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
+from pdmesh.kv.kv_cache_manager import KVCacheManager
+from pdmesh.model.config import ModelConfig
+from pdmesh.model.loader import load_model
+from pdmesh.request import RequestMetrics, RequestOutput, Sequence, SeqStatus
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.tokenizer = Tokenizer(config.model)
+        cfg = ModelConfig.from_dir(config.model)
+        self.max_model_len = min(
+            config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
+        if cfg.sliding_window is not None and self.max_model_len > cfg.sliding_window:
+            raise InvalidRequestError(
+                "max_model_len",
+                f"the model uses sliding_window={cfg.sliding_window}; pdmesh serves it exactly only "
+                f"with max_model_len <= {cfg.sliding_window} (got {self.max_model_len})",
+            )
+        model, cfg, dtype = load_model(config.model, config.dtype, config.device, self.max_model_len)
+        self.model_config = cfg
+        self.dtype = dtype
+        cc = config.cache
+        self.hasher = BlockHasher(cc.block_size, cc.hash_seed, cc.hash_algorithm)
+        num_blocks = cc.num_blocks or max(
+            1, int(cc.kv_cache_memory_gb * 2**30) // kv_block_bytes(cfg, cc.block_size, dtype)
+        )
+        self.pool = BlockPool(num_blocks, cc.enable_prefix_caching)
+        self.kv = KVCacheManager(self.pool, self.hasher)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner = ModelRunner(
+            model, cfg, dtype, num_blocks, cc.block_size, self.kv, self._backend(), config.device
+        )
+        eos = cfg.eos_token_ids or (
+            (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
+        )
+        self.eos_token_ids = frozenset(eos)
+        self.sampler = Sampler(tuple(eos))
+        self._requests: dict[str, RequestState] = {}
+        self._aborted: list[RequestState] = []
+
+    @classmethod
+    def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
+        return cls(EngineConfig(model=model, **kwargs))
+
+    def _backend(self) -> AttentionBackend:
+        choice = self.config.attention_backend
+        if choice == "flashinfer" or (choice == "auto" and self.config.device.startswith("cuda")):
+            try:
+                from pdmesh.attention.flashinfer_backend import FlashInferBackend
+            except ImportError as exc:
+                if choice == "flashinfer":
+                    raise InvalidRequestError(
+                        "attention_backend", f"flashinfer is not available: {exc}"
+                    ) from exc
+                log.warning("flashinfer unavailable (%s); using the torch attention backend", exc)
+            else:
+                return FlashInferBackend(self.config.cache.block_size)
+        return TorchAttentionBackend()
+
+    # -- requests ---------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | Mapping[str, Any] | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises ``InvalidRequestError`` naming the offending field."""
+        if not isinstance(params, SamplingParams):
+            params = SamplingParams.from_dict(params or {})
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id", "must be a non-empty string")
+        if request_id in self._requests:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+        text, token_ids = self._tokenize(prompt)
+        self._check_fits(token_ids, params)
+        now = arrival_time if arrival_time is not None else time.monotonic()
+        state = RequestState(request_id, text, token_ids, params, RequestMetrics(now))
+        first = self._new_sequence(state, 0, list(token_ids))
+        first.fork_pending = params.n > 1
+        self._requests[request_id] = state
+        self.scheduler.add(first)
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            return prompt, self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        if not ids:
+            raise InvalidRequestError("prompt", "must contain at least one token id")
+        vocab = self.model_config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidRequestError(
+                    "prompt", f"token id {t!r} is outside the vocabulary [0, {vocab})"
+                )
+        return None, ids
+
+    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        n = len(token_ids)
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                "prompt",
+                f"{n} tokens; the model's context is {self.max_model_len}, so a prompt may have "
+                f"at most {self.max_model_len - 1}",
+            )
+        tokens = min(n + params.max_tokens, self.max_model_len)
+        blocks = -(-tokens // self.hasher.block_size)
+        capacity = self.pool.num_blocks * self.hasher.block_size
+        if blocks > self.pool.num_blocks:
+            if n >= capacity:
+                raise InvalidRequestError(
+                    "prompt",
+                    f"{n} tokens do not fit the KV pool ({self.pool.num_blocks} blocks of "
+                    f"{self.hasher.block_size} tokens = {capacity}); shorten the prompt",
+                )
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt + max_tokens needs {blocks} KV blocks but the pool holds "
+                f"{self.pool.num_blocks}; lower max_tokens to at most {capacity - n}",
+            )
+        for t in params.stop_token_ids:
+            if t >= self.model_config.vocab_size:
+                raise InvalidRequestError(
+                    "stop_token_ids", f"{t} is outside the vocabulary [0, {self.model_config.vocab_size})"
+                )
+
+    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int]) -> Sequence:
+        p = state.params
+        seq_id = state.request_id if index == 0 else f"{state.request_id}#{index}"
+        seq = Sequence(
+            seq_id, state.request_id, index, p, len(state.prompt_token_ids), token_ids,
+            state.metrics.arrival_time, extra_keys_for(p.cache_salt),
+        )
+        if p.seed is not None:
+            seq.generator = torch.Generator().manual_seed((p.seed + index) % 2**63)
+        state.seqs.append(seq)
+        state.detoks.append(
+            IncrementalDetokenizer.for_prompt(
+                self.tokenizer, state.prompt_token_ids, p.stop,
+                p.include_stop_str_in_output, p.skip_special_tokens,
+            )
+        )
+        state.cursors.append(_Cursor())
+        return seq
+
+    def abort_request(self, request_id: str) -> None:
+        """End a request in any state and free its blocks; its final output says "abort"."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            raise UnknownRequestError(request_id)
+        for seq in state.seqs:
+            if not seq.status.finished:
+                self.scheduler.finish(seq, SeqStatus.FINISHED_ABORTED)
+        # Siblings that were never forked end as aborted too.
+        while len(state.seqs) < state.params.n:
+            self._new_sequence(state, len(state.seqs), list(state.prompt_token_ids)).status = (
+                SeqStatus.FINISHED_ABORTED
+            )
+        state.metrics.finished_time = time.monotonic()
+        self._aborted.append(state)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or bool(self._aborted)
+
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    def stats(self) -> BlockPoolStats:
+        return self.pool.stats()
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        touched: dict[str, RequestState] = {s.request_id: s for s in self._aborted}
+        self._aborted = []
+        sched = self.scheduler.schedule()
+        if sched:
+            now = time.monotonic()
+            result = self.runner.execute(sched)
+            for item in sched.scheduled:
+                self.kv.cache_blocks(item.seq)
+            rows, seqs = self._expand_forks(result.sampling)
+            sampled = self.sampler(result.logits[rows] if rows is not None else result.logits, seqs)
+            for item in sched.scheduled:
+                state = self._requests[item.seq.request_id]
+                if state.metrics.first_scheduled_time is None:
+                    state.metrics.first_scheduled_time = now
+            for seq, token, lp in zip(seqs, sampled.token_ids, sampled.logprobs):
+                self._append(seq, token, lp)
+                touched[seq.request_id] = self._requests[seq.request_id]
+        outputs = []
+        for state in touched.values():
+            if state.finished:
+                self._requests.pop(state.request_id, None)
+            out = state.render()
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _expand_forks(self, sampling: list[Sequence]) -> tuple[torch.Tensor | None, list[Sequence]]:
+        """Fork the siblings of n > 1 requests whose prompt just finished; one row each."""
+        if not any(s.fork_pending for s in sampling):
+            return None, sampling
+        rows: list[int] = []
+        seqs: list[Sequence] = []
+        for row, seq in enumerate(sampling):
+            rows.append(row)
+            seqs.append(seq)
+            if not seq.fork_pending:
+                continue
+            seq.fork_pending = False
+            state = self._requests[seq.request_id]
+            for index in range(1, state.params.n):
+                child = self._new_sequence(state, index, list(seq.token_ids))
+                child.num_computed_tokens = seq.num_computed_tokens
+                child.num_cached_tokens = seq.num_cached_tokens
+                self.kv.fork(seq, child)
+                self.scheduler.add_running(child)
+                rows.append(row)
+                seqs.append(child)
+        return torch.tensor(rows), seqs
+
+    def _append(self, seq: Sequence, token: int, lp: Any) -> None:
+        state = self._requests[seq.request_id]
+        p = seq.params
+        seq.token_ids.append(token)
+        if lp is not None:
+            seq.logprobs.append(lp)
+        if state.metrics.first_token_time is None:
+            state.metrics.first_token_time = time.monotonic()
+            state.metrics.num_cached_tokens = seq.num_cached_tokens
+        stop_str = state.detoks[seq.index].add(token, seq.num_output_tokens >= p.min_tokens)
+        status = None
+        if seq.num_output_tokens >= p.min_tokens and (
+            token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
+        ):
+            status = SeqStatus.FINISHED_STOPPED
+            seq.stop_reason = token if token in p.stop_token_ids else None
+        elif stop_str is not None:
+            status = SeqStatus.FINISHED_STOPPED
+            seq.stop_reason = stop_str
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            status = SeqStatus.FINISHED_LENGTH
+        if status is not None:
+            self.scheduler.finish(seq, status)
+            if state.finished:
+                state.metrics.finished_time = time.monotonic()

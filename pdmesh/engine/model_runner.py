@@ -1,0 +1,126 @@
+"""Turns a ``SchedulerOutput`` into tensors, runs the model and returns sampling logits.
+
+The KV pool is one tensor ``[num_blocks, num_layers, 2, block_size, kv_heads, head_dim]``:
+one block across all layers is contiguous, so a block is a single NIXL descriptor when KV
+moves between workers. Decode sequences are placed first in the flattened batch so the
+attention backend can serve them in one batched call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdmesh.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq
+from pdmesh.engine.scheduler import ScheduledSeq, SchedulerOutput
+from pdmesh.kv.kv_cache_manager import KVCacheManager
+from pdmesh.model.config import ModelConfig
+from pdmesh.model.llama import LlamaForCausalLM
+from pdmesh.request import Sequence
+
+
+def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block across all layers (K and V)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+@dataclass(slots=True)
+class StepResult:
+    logits: torch.Tensor
+    """Float32 [len(sampling), vocab]."""
+    sampling: list[Sequence]
+    """The sequences whose next token these rows produce, in row order."""
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        cfg: ModelConfig,
+        dtype: torch.dtype,
+        num_blocks: int,
+        block_size: int,
+        kv: KVCacheManager,
+        backend: AttentionBackend,
+        device: str = "cpu",
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.block_size = block_size
+        self.kv = kv
+        self.backend = backend
+        self.device = torch.device(device)
+        self.kv_cache = torch.zeros(
+            (num_blocks, cfg.num_layers, 2, block_size, cfg.num_kv_heads, cfg.head_dim),
+            dtype=dtype,
+            device=self.device,
+        )
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        for copy in out.copies:
+            self.kv_cache[copy.dst] = self.kv_cache[copy.src]
+        items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
+        input_ids, positions, meta, logits_idx, sampling = self._prepare(items)
+        logits = self.model(input_ids, positions, self.kv_cache, meta, self.backend, logits_idx)
+        return StepResult(logits, sampling)
+
+    def _prepare(
+        self, items: list[ScheduledSeq]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Sequence]]:
+        bs = self.block_size
+        dev = self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        slot_blocks: list[int] = []
+        logits_idx: list[int] = []
+        sampling: list[Sequence] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillSeq] = []
+        for item in items:
+            seq, start, n = item.seq, item.start, item.num_new_tokens
+            table = self.kv.block_ids(seq)
+            q_start = len(ids)
+            ids.extend(seq.token_ids[start : start + n])
+            pos.extend(range(start, start + n))
+            slot_blocks.extend(table[p // bs] for p in range(start, start + n))
+            if n == 1:
+                decode_tables.append(table)
+                decode_lens.append(start + 1)
+            else:
+                ctx = start + n
+                mask = None
+                if start:
+                    q_pos = torch.arange(start, ctx, device=dev)[:, None]
+                    mask = torch.arange(ctx, device=dev)[None, :] <= q_pos
+                used = table[: -(-ctx // bs)]
+                prefills.append(
+                    PrefillSeq(q_start, n, ctx, torch.tensor(used, device=dev), mask)
+                )
+            if item.samples:
+                logits_idx.append(len(ids) - 1)
+                sampling.append(seq)
+        positions = torch.tensor(pos, device=dev)
+        meta = AttentionMetadata(
+            num_decodes=len(decode_tables),
+            slot_blocks=torch.tensor(slot_blocks, device=dev),
+            slot_offsets=positions % bs,
+            prefills=tuple(prefills),
+        )
+        if decode_tables:
+            width = max(len(t) for t in decode_tables)
+            meta.decode_block_tables = torch.tensor(
+                [t + [0] * (width - len(t)) for t in decode_tables], device=dev
+            )
+            lens = torch.tensor(decode_lens, device=dev)
+            keys = torch.arange(width * bs, device=dev)
+            meta.decode_mask = (keys[None, :] < lens[:, None])[:, None, None, :]
+        return (
+            torch.tensor(ids, device=dev),
+            positions,
+            meta,
+            torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            sampling,
+        )

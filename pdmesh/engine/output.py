@@ -1,0 +1,82 @@
+"""Per-request bookkeeping between steps and the ``RequestOutput`` a user sees.
+
+A ``RequestState`` groups the sequences of one request (``n`` completions), their
+detokenizers and what has already been streamed, and renders cumulative, delta or
+final-only outputs. Stop-string hold-back lives here: while a request is unfinished, a
+delta never includes the last ``max_stop_len - 1`` characters, which might still turn out
+to be the start of a stop string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdmesh.engine.detokenizer import IncrementalDetokenizer
+from pdmesh.request import CompletionOutput, RequestMetrics, RequestOutput, Sequence
+from pdmesh.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """How much of one completion has been emitted."""
+
+    tokens: int = 0
+    chars: int = 0
+    done: bool = False
+
+
+@dataclass(slots=True)
+class RequestState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    seqs: list[Sequence] = field(default_factory=list)
+    detoks: list[IncrementalDetokenizer] = field(default_factory=list)
+    cursors: list[_Cursor] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.status.finished for s in self.seqs)
+
+    def render(self) -> RequestOutput | None:
+        """The output to emit now, or None when there is nothing new for this output kind."""
+        kind = self.params.output_kind
+        finished = self.finished
+        if kind == "final_only" and not finished:
+            return None
+        holdback = 0 if finished else max(0, self.params.max_stop_len - 1)
+        outputs: list[CompletionOutput] = []
+        for seq, detok, cur in zip(self.seqs, self.detoks, self.cursors):
+            reason = seq.status.finish_reason
+            tokens = seq.output_token_ids
+            text = detok.text
+            visible = len(text) if reason else max(cur.chars, len(text) - holdback)
+            if kind == "delta":
+                if cur.done or (len(tokens) == cur.tokens and visible == cur.chars and not reason):
+                    continue
+                out = CompletionOutput(
+                    seq.index,
+                    text[cur.chars : visible],
+                    tokens[cur.tokens :],
+                    reason,
+                    seq.stop_reason,
+                    seq.logprobs[cur.tokens :] if self.params.logprobs is not None else None,
+                )
+            else:
+                out = CompletionOutput(
+                    seq.index,
+                    text[:visible],
+                    list(tokens),
+                    reason,
+                    seq.stop_reason,
+                    list(seq.logprobs) if self.params.logprobs is not None else None,
+                )
+            cur.tokens, cur.chars, cur.done = len(tokens), visible, reason is not None
+            outputs.append(out)
+        if not outputs and not finished:
+            return None
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, outputs, finished, self.metrics
+        )

@@ -1,0 +1,154 @@
+"""Parse a Hugging Face ``config.json`` into the one decoder shape pdmesh runs.
+
+Llama 2/3, Mistral, Qwen2 and Qwen3 are the same pre-norm decoder with a few switches
+(qkv bias, q/k RMSNorm, RoPE scaling). Anything that would change the math and that we do
+not implement raises ``UnsupportedModelError`` naming the field, rather than serving
+silently different tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdmesh.errors import UnsupportedModelError
+
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The decoder's shape, independent of which family wrote the config."""
+
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    torch_dtype: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    sliding_window: int | None
+    """Set when the model uses sliding-window attention (served only within the window)."""
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise UnsupportedModelError(f"{path}: no config.json (is this a Hugging Face model folder?)")
+        raw = json.loads(cfg_file.read_text())
+        gen_file = path / "generation_config.json"
+        gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+        return cls.from_dict(raw, gen)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in _ARCHITECTURES), None)
+        if arch is None:
+            raise UnsupportedModelError(
+                f"architectures={archs!r} is not supported; pdmesh serves {sorted(_ARCHITECTURES)}"
+            )
+        family = _ARCHITECTURES[arch]
+        _reject_unsupported(raw)
+        num_heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return cls(
+            architecture=arch,
+            family=family,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope(raw),
+            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
+            o_bias=family in ("llama", "mistral") and bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            qk_norm=family == "qwen3",
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
+            sliding_window=_sliding_window(raw, family),
+        )
+
+
+def _rope(raw: dict[str, Any]) -> RopeConfig:
+    # transformers >= 5 writes "rope_parameters" (theta inside); older configs write
+    # "rope_theta" plus an optional "rope_scaling" dict.
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in _ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_type={rope_type!r} is not supported; pdmesh implements {list(_ROPE_TYPES)}"
+        )
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial_rotary_factor != 1.0 is not supported")
+    return RopeConfig(
+        theta=theta,
+        rope_type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
+        ),
+    )
+
+
+def _sliding_window(raw: dict[str, Any], family: str) -> int | None:
+    window = raw.get("sliding_window")
+    if family in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        return None
+    return int(window) if window else None
+
+
+def _reject_unsupported(raw: dict[str, Any]) -> None:
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
+    if raw.get("quantization_config"):
+        raise UnsupportedModelError("quantization_config is set; quantized weights are not supported")
+    layer_types = raw.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        raise UnsupportedModelError(
+            f"layer_types={sorted(set(layer_types))!r}: only 'full_attention' layers are supported"
+        )

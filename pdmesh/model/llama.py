@@ -1,0 +1,178 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a paged KV cache.
+
+Inputs are flattened across the batch ([T] token ids and positions); the attention backend
+writes each layer's K/V into the paged pool and attends over every sequence's context.
+Only the rows that sample (``logits_indices``) go through the LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
+from pdmesh.errors import UnsupportedModelError
+from pdmesh.model.config import ModelConfig
+from pdmesh.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        backend.write_kv(kv_layer, k, v, meta)
+        out = backend.attend(q, k, v, kv_layer, meta, self.scale)
+        return self.o(out.reshape(t, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+    def forward(self, h, cos, sin, kv_layer, meta, backend):  # type: ignore[no-untyped-def]
+        h = h + self.attn(self.input_norm(h), cos, sin, kv_layer, meta, backend)
+        return h + self.mlp(self.post_attn_norm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
+        self.lm_head = (
+            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab] for the sampling rows."""
+        h = self.embed(input_ids)
+        cos, sin = self.rotary(positions, h.dtype)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
+        h = self.norm(h[logits_indices])
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return nn.functional.linear(h, weight).float()
+
+    # -- weights ----------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be set."""
+        params = dict(self.named_parameters())
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target, part = _map_name(name)
+            if target is None or (target == "lm_head.weight" and self.lm_head is None):
+                continue
+            if target not in params:
+                raise UnsupportedModelError(f"weight {name!r} has no place in the {self.cfg.family} model")
+            if part is None:
+                _copy(params[target], tensor, name)
+                loaded.add(target)
+                continue
+            group = pending.setdefault(target, {})
+            group[part] = tensor
+            order = _FUSED_ORDER[target.rsplit(".", 2)[-2]]
+            if all(p in group for p in order):
+                _copy(params[target], torch.cat([group[p] for p in order], dim=0), name)
+                loaded.add(target)
+                del pending[target]
+        missing = sorted(set(params) - loaded)
+        if missing or pending:
+            raise UnsupportedModelError(
+                f"weights missing from the checkpoint: {missing or sorted(pending)}"
+            )
+
+
+_FUSED_ORDER = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+_RENAMES = {
+    "self_attn.o_proj": "attn.o",
+    "self_attn.q_norm": "attn.q_norm",
+    "self_attn.k_norm": "attn.k_norm",
+    "mlp.down_proj": "mlp.down",
+    "input_layernorm": "input_norm",
+    "post_attention_layernorm": "post_attn_norm",
+}
+_FUSED = {
+    "self_attn.q_proj": ("attn.qkv", "q"),
+    "self_attn.k_proj": ("attn.qkv", "k"),
+    "self_attn.v_proj": ("attn.qkv", "v"),
+    "mlp.gate_proj": ("mlp.gate_up", "gate"),
+    "mlp.up_proj": ("mlp.gate_up", "up"),
+}
+
+
+def _map_name(name: str) -> tuple[str | None, str | None]:
+    """HF parameter name -> (our parameter name, fused part or None)."""
+    if name.endswith("rotary_emb.inv_freq"):
+        return None, None
+    if name == "model.embed_tokens.weight":
+        return "embed.weight", None
+    if name == "model.norm.weight":
+        return "norm.weight", None
+    if name == "lm_head.weight":
+        return "lm_head.weight", None
+    prefix = "model.layers."
+    if not name.startswith(prefix):
+        return name, None
+    idx, rest = name[len(prefix) :].split(".", 1)
+    module, leaf = rest.rsplit(".", 1)
+    if module in _FUSED:
+        target, part = _FUSED[module]
+        return f"layers.{idx}.{target}.{leaf}", f"{part}"
+    return f"layers.{idx}.{_RENAMES.get(module, module)}.{leaf}", None
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if param.shape != tensor.shape:
+        raise UnsupportedModelError(
+            f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+        )
+    with torch.no_grad():
+        param.copy_(tensor.to(param.dtype))

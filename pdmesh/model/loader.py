@@ -1,0 +1,64 @@
+"""Load a Hugging Face model folder: config.json + (sharded) safetensors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from pdmesh.errors import UnsupportedModelError
+from pdmesh.model.config import ModelConfig
+from pdmesh.model.layers import RotaryEmbedding
+from pdmesh.model.llama import LlamaForCausalLM
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(requested: str, cfg: ModelConfig) -> torch.dtype:
+    """The dtype to run in: the request, or the config's (float32 when it names none)."""
+    name = requested
+    if requested == "auto":
+        name = cfg.torch_dtype if cfg.torch_dtype in _DTYPES else "float32"
+    if name not in _DTYPES:
+        raise UnsupportedModelError(f"dtype={requested!r} is not supported; choose {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[name]
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a folder, following ``model.safetensors.index.json`` when sharded."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [path / f for f in sorted(set(weight_map.values()))]
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise UnsupportedModelError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(
+    path: str | Path, dtype: str = "auto", device: str = "cpu", max_positions: int | None = None
+) -> tuple[LlamaForCausalLM, ModelConfig, torch.dtype]:
+    """Build the decoder for ``path`` and load its weights."""
+    path = Path(path)
+    cfg = ModelConfig.from_dir(path)
+    torch_dtype = resolve_dtype(dtype, cfg)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg, max_positions or cfg.max_position_embeddings)
+    model.to(dtype=torch_dtype)
+    # RoPE tables stay float32, as in HF, and are cast per use: rebuild them after .to().
+    with torch.device(device):
+        model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions or cfg.max_position_embeddings)
+    model.load_weights(iter_weights(path))
+    model.eval()
+    return model, cfg, torch_dtype

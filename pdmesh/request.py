@@ -1,0 +1,154 @@
+"""Request state: a request is a group of sequences, one per completion (``n``).
+
+Lifecycle of a sequence: WAITING → RUNNING (prefill chunks, then one token per step)
+→ FINISHED_*; a RUNNING sequence may be PREEMPTED back to the waiting queue (its KV is
+dropped and recomputed), and any state may end in FINISHED_ABORTED. With ``n > 1`` only
+the first sequence prefills; when it samples its first token the others fork from it,
+sharing the prompt's blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pdmesh.kv.block_hash import BlockHash
+from pdmesh.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self.value.startswith("finished")
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS: dict[SeqStatus, FinishReason] = {
+    SeqStatus.FINISHED_STOPPED: "stop",
+    SeqStatus.FINISHED_LENGTH: "length",
+    SeqStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """Logprobs at one generated position (log-softmax of the raw model logits)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    """1 = the most likely token."""
+    top: tuple[tuple[int, float], ...]
+    """The top-N (token id, logprob) pairs, most likely first."""
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One completion being generated; the scheduler's unit of work."""
+
+    seq_id: str
+    request_id: str
+    index: int
+    """Position of this completion in the request's outputs."""
+    params: SamplingParams
+    prompt_len: int
+    token_ids: list[int]
+    """Prompt followed by generated tokens."""
+    arrival_time: float
+    extra_keys: tuple[str, ...] = ()
+    """Folded into this sequence's block hashes (cache salt)."""
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0
+    """Tokens whose KV is in this sequence's blocks."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache at (first) admission."""
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    """Hashes of this sequence's full blocks, filled lazily by the KV manager."""
+    admit_order: int = -1
+    """Set on each admission; preemption takes the newest."""
+    generator: Any = None
+    """A torch.Generator when the request is seeded."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended the sequence."""
+    fork_pending: bool = False
+    """True for the first sequence of an n > 1 request until it forks its siblings."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def priority(self) -> int:
+        return self.params.priority
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_tokens - self.num_computed_tokens > 1
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timestamps (``time.monotonic()``) and cache use of one request."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache instead of computed."""
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One completion of a request, as a user sees it."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What ``LLMEngine.step`` and ``LLM.generate`` return per request."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics

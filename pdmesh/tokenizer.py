@@ -1,0 +1,64 @@
+"""Tokenizer from ``tokenizer.json`` (+ ``tokenizer_config.json`` for specials and chat)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from pdmesh.errors import UnsupportedModelError
+
+
+class Tokenizer:
+    """Encodes like ``transformers``' fast tokenizer for the same folder (special tokens included)."""
+
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise UnsupportedModelError(f"{path}: no tokenizer.json")
+        self._tok = _HFTokenizer.from_file(str(file))
+        cfg_file = path / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        self.chat_template: str | None = self.config.get("chat_template")
+        self.eos_token_id = self._special_id("eos_token")
+        self.bos_token_id = self._special_id("bos_token")
+        self.special_ids = frozenset(
+            tid for tid, tok in self._tok.get_added_tokens_decoder().items() if tok.special
+        )
+
+    def _special_id(self, key: str) -> int | None:
+        value = self.config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return self._tok.token_to_id(value) if value else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render ``messages`` with the folder's Jinja chat template."""
+        if not self.chat_template:
+            raise UnsupportedModelError("this tokenizer has no chat_template")
+        import jinja2.sandbox
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        template = env.from_string(self.chat_template)
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.config.get("bos_token", ""),
+            eos_token=self.config.get("eos_token", ""),
+        )

@@ -41,8 +41,8 @@ class AttentionMetadata:
     """Per flattened token: the offset inside that block (long, shape [T])."""
     decode_block_tables: torch.Tensor | None = None
     """(num_decodes, max_blocks) block ids, padded with 0."""
-    decode_mask: torch.Tensor | None = None
-    """(num_decodes, 1, 1, max_blocks * block_size) True where a key is in context."""
+    decode_bias: torch.Tensor | None = None
+    """(num_decodes, 1, 1, max_blocks * block_size) float32: 0 in context, -inf past it."""
     prefills: tuple[PrefillSeq, ...] = ()
 
 

@@ -1,6 +1,6 @@
 """Paged attention in plain torch (CPU, or any device without flashinfer).
 
-Decode tokens are attended in one batched SDPA call over their gathered, padded contexts;
+Decode tokens are attended with two batched matmuls over their gathered, padded contexts;
 each prefill chunk gets its own call. A prefill without a cached prefix attends to the
 chunk's own K/V with ``is_causal`` — the same call Hugging Face makes, which keeps greedy
 tokens identical in float32.
@@ -16,6 +16,10 @@ from pdmesh.attention.backend import AttentionMetadata
 
 class TorchAttentionBackend:
     """The reference backend; ``kv_layer`` is [num_blocks, 2, block_size, kv_heads, head_dim]."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self._device = torch.device(device)
+        self._buffers: dict[str, torch.Tensor] = {}
 
     def write_kv(
         self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
@@ -51,23 +55,46 @@ class TorchAttentionBackend:
             out[p.q_start : p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)
         return out
 
-    @staticmethod
     def _decode(
-        q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
+        # Batched decode as two matmuls over gathered, head-major contexts. The gathers
+        # write into persistent workspaces: fresh multi-MB temporaries every layer cost
+        # more in page faults than the attention math itself on CPU.
         tables = meta.decode_block_tables
-        if tables is None or meta.decode_mask is None:
+        if tables is None or meta.decode_bias is None:
             raise RuntimeError("decode tokens scheduled without decode block tables")
         b, nblk = tables.shape
-        # [B, nblk, bs, H, D] -> [B, H, nblk*bs, D]
-        keys = kv_layer[:, 0][tables].reshape(b, -1, *kv_layer.shape[-2:]).transpose(1, 2)
-        vals = kv_layer[:, 1][tables].reshape(b, -1, *kv_layer.shape[-2:]).transpose(1, 2)
-        qs = q.unsqueeze(2)  # [B, H, 1, D]
-        o = F.scaled_dot_product_attention(
-            qs, keys, vals, attn_mask=meta.decode_mask, scale=scale,
-            enable_gqa=qs.shape[1] != keys.shape[1],
-        )
-        return o.squeeze(2)
+        _, _, bs, hkv, d = kv_layer.shape
+        group = q.shape[1] // hkv
+        ctx = nblk * bs
+        flat = tables.view(-1)
+        keys = self._head_major(kv_layer[:, 0], flat, b, nblk, "k")
+        scores = torch.matmul(q.view(b, hkv, group, d), keys.transpose(-1, -2))
+        scores = scores.float().mul_(scale).add_(meta.decode_bias)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        values = self._head_major(kv_layer[:, 1], flat, b, nblk, "v")
+        return torch.matmul(probs, values).view(b, hkv * group, d)
+
+    def _head_major(
+        self, cache: torch.Tensor, flat_tables: torch.Tensor, b: int, nblk: int, name: str
+    ) -> torch.Tensor:
+        """[b, kv_heads, nblk * block_size, head_dim] context gathered from the blocks."""
+        _, bs, hkv, d = cache.shape
+        numel = b * nblk * bs * hkv * d
+        gathered = self._workspace(name + "_gather", numel, cache.dtype).view(b * nblk, bs, hkv, d)
+        torch.index_select(cache, 0, flat_tables, out=gathered)
+        out = self._workspace(name, numel, cache.dtype).view(b, hkv, nblk, bs, d)
+        out.copy_(gathered.view(b, nblk, bs, hkv, d).permute(0, 3, 1, 2, 4))
+        return out.view(b, hkv, nblk * bs, d)
+
+    def _workspace(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype:
+            buf = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 0)), dtype=dtype,
+                              device=self._device)
+            self._buffers[name] = buf
+        return buf[:numel]
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, ctx_len: int) -> torch.Tensor:

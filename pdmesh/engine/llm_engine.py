@@ -91,7 +91,7 @@ class LLMEngine:
                 log.warning("flashinfer unavailable (%s); using the torch attention backend", exc)
             else:
                 return FlashInferBackend(self.config.cache.block_size)
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(self.config.device)
 
     # -- requests ---------------------------------------------------------------------
     def add_request(

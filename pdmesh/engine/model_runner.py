@@ -116,7 +116,8 @@ class ModelRunner:
             )
             lens = torch.tensor(decode_lens, device=dev)
             keys = torch.arange(width * bs, device=dev)
-            meta.decode_mask = (keys[None, :] < lens[:, None])[:, None, None, :]
+            bias = torch.zeros((len(decode_lens), 1, 1, width * bs), device=dev)
+            meta.decode_bias = bias.masked_fill_((keys[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
         return (
             torch.tensor(ids, device=dev),
             positions,

@@ -89,4 +89,5 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
-        return self.down(nn.functional.silu(gate) * up)
+        # silu into a fresh tensor, then multiply in place: one large temporary, not two.
+        return self.down(nn.functional.silu(gate).mul_(up))

@@ -1,0 +1,5 @@
+import sys
+
+from pdmesh.cli import main
+
+sys.exit(main())

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny seeded models (made once per session) and their HF references."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from pdmesh.tools.make_tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: make_tiny(root / arch, arch, "tiny", seed=0) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(model_dirs: dict[str, Path]) -> Path:
+    return model_dirs["llama"]
+
+
+def mixed_prompts(n: int, seed: int = 0, vocab: int = 1000) -> list[list[int]]:
+    """Token-id prompts of varied lengths (1 to 150), skipping the special ids 0-4."""
+    rng = random.Random(seed)
+    lengths = [1, 3, 7, 16, 17, 31, 48, 65, 100, 150]
+    return [[rng.randrange(5, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+class HFReference:
+    """transformers on the same weights: the oracle for greedy tokens and logprobs."""
+
+    def __init__(self, path: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.model.eval()
+
+    def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        out = self.model.generate(
+            self.torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens
+        )
+        return out[0, len(prompt) :].tolist()
+
+    def logprobs(self, tokens: list[int]):  # type: ignore[no-untyped-def]
+        """log_softmax over the vocabulary at every position of ``tokens``."""
+        with self.torch.no_grad():
+            logits = self.model(self.torch.tensor([tokens])).logits[0].float()
+        return self.torch.log_softmax(logits, dim=-1)
+
+
+@pytest.fixture(scope="session")
+def hf_refs(model_dirs: dict[str, Path]) -> dict[str, HFReference]:
+    return {arch: HFReference(path) for arch, path in model_dirs.items()}

@@ -135,9 +135,17 @@ class Scheduler:
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int, chunk: int) -> None:
+        # Prefix-aware: a waiting sequence whose next uncached block is being computed
+        # right now by a running one waits a step, then hits the cache instead of
+        # computing the same prefix twice.
+        in_flight = self.kv.uncached_hashes(self.running) if self._waiting else set()
+        deferred: list[tuple[int, float, int, Sequence]] = []
         while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self._waiting[0][3]
             hits = self.kv.get_computed_blocks(seq) if seq.num_computed_tokens == 0 else []
+            if len(hits) < len(seq.block_hashes) and seq.block_hashes[len(hits)] in in_flight:
+                deferred.append(heapq.heappop(self._waiting))
+                continue
             num_hit = len(hits) * self.kv.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_hit, budget, chunk)
             if not self.kv.allocate_slots(seq, num_new, hits):
@@ -151,6 +159,9 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
             seq.num_computed_tokens += num_new
             budget -= num_new
+            in_flight.update(seq.block_hashes[len(hits) :])
+        for entry in deferred:
+            heapq.heappush(self._waiting, entry)
 
     def _pick_victim(self) -> Sequence:
         # Largest priority value = least important; among equals the newest admission.

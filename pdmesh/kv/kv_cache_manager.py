@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdmesh.kv.block_hash import BlockHasher
+from pdmesh.kv.block_hash import BlockHash, BlockHasher
 from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
 from pdmesh.kv.free_queue import KVBlock
 from pdmesh.request import Sequence
@@ -61,6 +61,13 @@ class KVCacheManager:
                 seq.token_ids[: num_blocks * bs], seq.extra_keys, parent=parent, start=have * bs
             )
         )
+
+    def uncached_hashes(self, seqs: list[Sequence]) -> set[BlockHash]:
+        """Hashes of blocks these sequences hold (or will fill) that are not cached yet."""
+        pending: set[BlockHash] = set()
+        for seq in seqs:
+            pending.update(seq.block_hashes[self._num_registered.get(seq.seq_id, 0) :])
+        return pending
 
     def get_computed_blocks(self, seq: Sequence) -> list[KVBlock]:
         """Cached blocks covering the longest prefix of ``seq``, verified against token ids.

@@ -29,7 +29,7 @@ def sample_all(out: SchedulerOutput) -> None:
 
 def test_chunked_prefill_under_token_budget_then_decode() -> None:
     s = make(budget=16)
-    a, b = seq("a", 20), seq("b", 6, t=1)
+    a, b = seq("a", 20), seq("b", 6, t=1, start=100)
     s.add(a)
     s.add(b)
     out = s.schedule()
@@ -109,3 +109,15 @@ def test_prefix_hits_do_not_cost_budget() -> None:
     s.add(b)
     out = s.schedule()
     assert plan(out) == [("b", 1)] and b.num_cached_tokens == 12
+
+
+def test_waiting_sequence_defers_while_its_prefix_is_being_computed() -> None:
+    s = make(budget=16)
+    a, b = seq("a", 20), seq("b", 10, t=1)  # b's first two blocks are a's
+    s.add(a)
+    s.add(b)
+    out = s.schedule()
+    assert plan(out) == [("a", 16)]
+    s.kv.cache_blocks(a)  # the engine registers computed blocks after each step
+    out = s.schedule()
+    assert plan(out) == [("a", 4), ("b", 2)] and b.num_cached_tokens == 8

@@ -1,0 +1,82 @@
+import torch
+
+from pdmesh.engine.sampler import Sampler, _filter
+from pdmesh.request import Sequence
+from pdmesh.sampling_params import SamplingParams
+
+
+def seq(params: SamplingParams, prompt: list[int], out: list[int] = ()) -> Sequence:  # type: ignore[assignment]
+    s = Sequence("s", "s", 0, params, len(prompt), list(prompt) + list(out), 0.0)
+    if params.seed is not None:
+        s.generator = torch.Generator().manual_seed(params.seed)
+    return s
+
+
+def test_top_k_top_p_min_p_masks() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.8), SamplingParams(min_p=0.25)]
+    kept = torch.isfinite(_filter(logits.clone(), params))
+    assert kept.tolist() == [
+        [True, True, False, False],
+        [True, True, False, False],  # 0.5 + 0.3 reaches 0.8: the third token is cut
+        [True, True, True, False],  # 0.05 < 0.25 * 0.5
+    ]
+
+
+def test_penalties_match_transformers_processors() -> None:
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 10)
+    prompt, out = [1, 2], [3, 3, 4]
+    ours = logits.clone()
+    Sampler(())._apply_penalties(ours, [seq(SamplingParams(repetition_penalty=1.3), prompt, out)])
+    ref = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + out]), logits.clone())
+    assert torch.equal(ours, ref)
+    ours = logits.clone()
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    Sampler(())._apply_penalties(ours, [seq(p, prompt, out)])
+    expected = logits.clone()
+    expected[0, 3] -= 0.5 + 2 * 0.25
+    expected[0, 4] -= 0.5 + 0.25
+    assert torch.allclose(ours, expected)
+
+
+def test_min_tokens_masks_eos_and_stop_ids() -> None:
+    logits = torch.zeros(1, 6)
+    logits[0, 5] = 10.0  # EOS would win
+    s = seq(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=(4,)), [1])
+    out = Sampler((5,))(logits.clone(), [s])
+    assert out.token_ids[0] not in (4, 5)
+
+
+def test_seeded_row_is_independent_of_the_batch() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(1, 50)
+    p = SamplingParams(temperature=1.0, seed=1234)
+    alone = [Sampler(())(logits.clone(), [seq(p, [1])]).token_ids[0] for _ in range(1)]
+    others = torch.randn(3, 50)
+    batch = torch.cat([others[:2], logits, others[2:]])
+    rows = [seq(SamplingParams(temperature=0.7), [1]), seq(SamplingParams(temperature=0), [1]),
+            seq(p, [1]), seq(SamplingParams(temperature=1.0, seed=5), [1])]
+    assert Sampler(())(batch.clone(), rows).token_ids[2] == alone[0]
+
+
+def test_sampling_follows_the_distribution() -> None:
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).repeat(4000, 1)
+    g = SamplingParams(temperature=1.0, seed=7)
+    s = seq(g, [0])
+    tokens = [Sampler(())(logits[i : i + 1].clone(), [s]).token_ids[0] for i in range(4000)]
+    freq = torch.bincount(torch.tensor(tokens), minlength=3).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03)
+
+
+def test_logprobs_report_rank_and_top_n() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    out = Sampler(())(logits.clone(), [seq(SamplingParams(temperature=0, logprobs=2), [0])])
+    lp = out.logprobs[0]
+    ref = torch.log_softmax(logits[0], -1)
+    assert lp is not None and lp.token_id == 1 and lp.rank == 1
+    assert abs(lp.logprob - float(ref[1])) < 1e-6
+    assert [t for t, _ in lp.top] == [1, 2]

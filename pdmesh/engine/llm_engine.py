@@ -141,7 +141,13 @@ class LLMEngine:
                 f"{n} tokens; the model's context is {self.max_model_len}, so a prompt may have "
                 f"at most {self.max_model_len - 1}",
             )
-        tokens = min(n + params.max_tokens, self.max_model_len)
+        if n + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                f"context of {self.max_model_len}; lower max_tokens to at most {self.max_model_len - n}",
+            )
+        tokens = n + params.max_tokens
         blocks = -(-tokens // self.hasher.block_size)
         capacity = self.pool.num_blocks * self.hasher.block_size
         if blocks > self.pool.num_blocks:

@@ -1,0 +1,19 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_engine_quick_writes_table_and_json(llama_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "engine.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdmesh", "bench", "engine", "--model", str(llama_dir), "--quick",
+         "--dtype", "float32", "--num-blocks", "512", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "decode batch 8" in proc.stdout
+    data = json.loads(out.read_text())
+    metrics = {(r["workload"], r["metric"]) for r in data["rows"]}
+    assert ("decode batch 1", "tok/s") in metrics
+    assert all(r["pdmesh"] > 0 for r in data["rows"])

@@ -14,5 +14,6 @@ fi
 # gigabytes of CUDA builds.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -c "import torch, pdmesh, transformers" >/dev/null
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps nixl 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c "import torch, pdmesh, transformers, grpc, nixl._api" >/dev/null
 echo "$want" > "$stamp"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,7 +32,8 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException | _Rejected]] = {}
-        self._pending_adds: list[tuple[str, str | list[int], SamplingParams]] = []
+        self._pending_adds: list[tuple[str, Callable[[], None]]] = []
+        self._pending_calls: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self._pending_aborts: list[str] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-step")
@@ -44,19 +45,33 @@ class AsyncLLMEngine:
         prompt: str | list[int],
         params: SamplingParams | Mapping[str, Any] | None = None,
         request_id: str | None = None,
+        hold_kv: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Stream this request's outputs (deltas by default) until it finishes."""
         if not isinstance(params, SamplingParams):
             params = SamplingParams.from_dict(dict(params or {"output_kind": "delta"}))
         rid = request_id or f"async-{next(self._ids)}"
+        checked = params
+
+        def start() -> None:
+            self.engine.add_request(rid, prompt, checked, hold_kv=hold_kv)
+
+        async for out in self.stream(rid, start):
+            yield out
+
+    async def stream(self, rid: str, start: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+        """Run ``start`` between steps (it must put ``rid`` in the engine), then stream ``rid``.
+
+        The engine is only touched by the loop task; an error from ``start`` (validation)
+        comes back through the queue and is raised here, in the caller. Leaving early
+        aborts the request and frees its blocks.
+        """
         if rid in self._queues:
             raise InvalidRequestError("request_id", f"{rid!r} is already in flight")
         self._ensure_loop()
         queue: asyncio.Queue[RequestOutput | BaseException | _Rejected] = asyncio.Queue()
-        # The engine is only touched between steps, by the loop task; a validation error
-        # comes back through the queue and is raised here, in the caller.
         self._queues[rid] = queue
-        self._pending_adds.append((rid, prompt, params))
+        self._pending_adds.append((rid, start))
         self._wake.set()
         finished = False
         try:
@@ -78,6 +93,14 @@ class AsyncLLMEngine:
                 self._pending_aborts.append(rid)
                 self._wake.set()
 
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine between steps and return its result (or raise its error)."""
+        self._ensure_loop()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending_calls.append((fn, future))
+        self._wake.set()
+        return await future
+
     def abort(self, request_id: str) -> None:
         self._pending_aborts.append(request_id)
         self._wake.set()
@@ -90,10 +113,12 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         while True:
             self._apply_adds()
+            self._apply_calls()
             self._apply_aborts()
             if not self.engine.has_unfinished_requests():
                 self._wake.clear()
-                await self._wake.wait()
+                if not (self._pending_adds or self._pending_calls or self._pending_aborts):
+                    await self._wake.wait()
                 continue
             try:
                 outputs = await loop.run_in_executor(self._executor, self.engine.step)
@@ -109,14 +134,24 @@ class AsyncLLMEngine:
 
     def _apply_adds(self) -> None:
         adds, self._pending_adds = self._pending_adds, []
-        for rid, prompt, params in adds:
+        for rid, start in adds:
             queue = self._queues.get(rid)
             if queue is None:
                 continue  # the caller went away before its request was added
             try:
-                self.engine.add_request(rid, prompt, params)
+                start()
             except Exception as exc:
                 queue.put_nowait(_Rejected(exc))
+
+    def _apply_calls(self) -> None:
+        calls, self._pending_calls = self._pending_calls, []
+        for fn, future in calls:
+            if future.cancelled():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
 
     def _apply_aborts(self) -> None:
         aborts, self._pending_aborts = self._pending_aborts, []

@@ -19,6 +19,7 @@ from pdmesh.attention.backend import AttentionBackend
 from pdmesh.attention.torch_backend import TorchAttentionBackend
 from pdmesh.config import EngineConfig
 from pdmesh.engine.detokenizer import IncrementalDetokenizer
+from pdmesh.engine.handoff import KVHandoff
 from pdmesh.engine.model_runner import ModelRunner, kv_block_bytes
 from pdmesh.engine.output import RequestState, _Cursor
 from pdmesh.engine.sampler import Sampler
@@ -72,7 +73,9 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos)
         self.sampler = Sampler(tuple(eos))
         self._requests: dict[str, RequestState] = {}
-        self._aborted: list[RequestState] = []
+        self._to_render: dict[str, RequestState] = {}
+        """Requests with output to emit that no model step produced (aborts, commits)."""
+        self.handoff = KVHandoff(self)
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -100,8 +103,25 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | Mapping[str, Any] | None = None,
         arrival_time: float | None = None,
+        hold_kv: bool = False,
     ) -> None:
-        """Queue a request; raises ``InvalidRequestError`` naming the offending field."""
+        """Queue a request; raises ``InvalidRequestError`` naming the offending field.
+
+        ``hold_kv`` keeps the request's blocks when it finishes, until
+        ``handoff.release`` (a prefill worker writing them to a decode worker).
+        """
+        state = self._admit_state(request_id, prompt, params, arrival_time)
+        state.hold_kv = hold_kv
+        self.scheduler.add(state.seqs[0])
+
+    def _admit_state(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | Mapping[str, Any] | None,
+        arrival_time: float | None = None,
+    ) -> RequestState:
+        """Validate and register a request (its first sequence not yet scheduled)."""
         if not isinstance(params, SamplingParams):
             params = SamplingParams.from_dict(params or {})
         if not isinstance(request_id, str) or not request_id:
@@ -115,7 +135,7 @@ class LLMEngine:
         first = self._new_sequence(state, 0, list(token_ids))
         first.fork_pending = params.n > 1
         self._requests[request_id] = state
-        self.scheduler.add(first)
+        return state
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -189,6 +209,8 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """End a request in any state and free its blocks; its final output says "abort"."""
+        if self.handoff.release(request_id):
+            return
         state = self._requests.pop(request_id, None)
         if state is None:
             raise UnknownRequestError(request_id)
@@ -201,10 +223,10 @@ class LLMEngine:
                 SeqStatus.FINISHED_ABORTED
             )
         state.metrics.finished_time = time.monotonic()
-        self._aborted.append(state)
+        self._to_render[request_id] = state
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests) or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._to_render)
 
     def num_unfinished_requests(self) -> int:
         return len(self._requests)
@@ -214,8 +236,7 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        touched: dict[str, RequestState] = {s.request_id: s for s in self._aborted}
-        self._aborted = []
+        touched, self._to_render = self._to_render, {}
         sched = self.scheduler.schedule()
         if sched:
             now = time.monotonic()
@@ -233,7 +254,7 @@ class LLMEngine:
                 touched[seq.request_id] = self._requests[seq.request_id]
         outputs = []
         for state in touched.values():
-            if state.finished:
+            if state.finished and not state.hold_kv:
                 self._requests.pop(state.request_id, None)
             out = state.render()
             if out is not None:
@@ -285,6 +306,8 @@ class LLMEngine:
         elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             status = SeqStatus.FINISHED_LENGTH
         if status is not None:
-            self.scheduler.finish(seq, status)
+            self.scheduler.finish(seq, status, free=not state.hold_kv)
+            if state.hold_kv:
+                self.handoff.hold(seq)
             if state.finished:
                 state.metrics.finished_time = time.monotonic()

@@ -35,6 +35,8 @@ class RequestState:
     seqs: list[Sequence] = field(default_factory=list)
     detoks: list[IncrementalDetokenizer] = field(default_factory=list)
     cursors: list[_Cursor] = field(default_factory=list)
+    hold_kv: bool = False
+    """Keep the blocks when finished (a prefill worker's KV waiting to be written out)."""
 
     @property
     def finished(self) -> bool:

@@ -94,8 +94,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
-    def finish(self, seq: Sequence, status: SeqStatus) -> None:
-        """End ``seq`` (stop, length or abort) and free its blocks, whatever its state."""
+    def finish(self, seq: Sequence, status: SeqStatus, free: bool = True) -> None:
+        """End ``seq`` (stop, length or abort) and free its blocks, whatever its state.
+
+        ``free=False`` leaves the blocks to the caller (KV held for a transfer).
+        """
         if seq.seq_id not in self._live:
             raise UnknownRequestError(seq.seq_id)
         del self._live[seq.seq_id]
@@ -105,7 +108,8 @@ class Scheduler:
             self._waiting = [e for e in self._waiting if e[3] is not seq]
             heapq.heapify(self._waiting)
         seq.status = status
-        self.kv.free(seq)
+        if free:
+            self.kv.free(seq)
 
     # -- the step ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

@@ -1,0 +1,1 @@
+"""Moving KV blocks between workers (NIXL over UCX on CPU, RDMA / NVLink on GPU)."""

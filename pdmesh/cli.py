@@ -6,12 +6,13 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pdmesh.errors import PdmeshError
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="Hugging Face model folder")
+    p.add_argument("--model", help="Hugging Face model folder")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None, help="KV pool size (default: from memory)")
@@ -50,6 +51,11 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    if args.router:
+        return _cmd_generate_remote(args)
+    if not args.model:
+        print("pdmesh: error: generate needs --model DIR or --router HOST:PORT", file=sys.stderr)
+        return 2
     from pdmesh.engine.llm_engine import LLMEngine
     from pdmesh.sampling_params import SamplingParams
 
@@ -85,6 +91,117 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_generate_remote(args: argparse.Namespace) -> int:
+    from pdmesh.client import Client
+
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "max_tokens": args.max_tokens, "stop": args.stop or []}
+    if args.seed is not None:
+        sampling["seed"] = args.seed
+    start = time.monotonic()
+    first = None
+    final = None
+    with Client(args.router) as client:
+        for resp in client.generate(args.prompt, **sampling):
+            first = first or time.monotonic()
+            sys.stdout.write(resp.text)
+            sys.stdout.flush()
+            final = resp
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if final is not None:
+        from pdmesh.rpc.convert import FINISH_NAMES
+
+        u = final.usage
+        print(f"[finish={FINISH_NAMES[final.finish_reason]} prompt_tokens={u.prompt_tokens} "
+              f"completion_tokens={u.completion_tokens} cached_tokens={u.cached_tokens} "
+              f"ttft={1000 * ((first or start) - start):.0f}ms total={time.monotonic() - start:.2f}s]",
+              file=sys.stderr)
+    return 0
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls: type) -> None:
+    """Every field of a service config dataclass becomes a --flag (YAML and env also work)."""
+    import dataclasses
+
+    p.add_argument("--config", help="YAML file with the same option names")
+    for f in dataclasses.fields(cls):
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                       metavar=f.name.upper())
+
+
+def _service_config(args: argparse.Namespace, cls: type, env_prefix: str):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from pdmesh.service_config import load_config
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    return load_config(cls, args.config, env_prefix, overrides)
+
+
+def _run_service(coro_factory, cfg) -> int:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from pdmesh.telemetry_logging import setup_logging
+
+    setup_logging()
+    asyncio.run(coro_factory(cfg))
+    return 0
+
+
+def _cmd_worker(role: str):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        from pdmesh.serving.worker_config import WorkerConfig
+        from pdmesh.serving.worker_server import serve_worker
+
+        args.role = role
+        cfg = _service_config(args, WorkerConfig, "PDMESH_WORKER_")
+        return _run_service(serve_worker, cfg)
+
+    return run
+
+
+def _cmd_router(args: argparse.Namespace) -> int:
+    from services.router.config import RouterConfig
+    from services.router.server import serve_router
+
+    return _run_service(serve_router, _service_config(args, RouterConfig, "PDMESH_ROUTER_"))
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from pdmesh.launcher import Mesh, MeshSpec
+
+    worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size)]
+    if args.num_blocks:
+        worker_args += ["--num-blocks", str(args.num_blocks)]
+    spec = MeshSpec(model=args.model, prefill=args.prefill, decode=args.decode, port=args.port,
+                    redis_url=args.redis_url or "", worker_args=worker_args,
+                    router_args=["--block-size", str(args.block_size)], log_dir=args.log_dir or "")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    mesh = Mesh(spec)
+    print(f"pdmesh up: starting {args.prefill} prefill + {args.decode} decode workers "
+          f"(logs in {mesh.log_dir})", flush=True)
+    mesh.start()
+    try:
+        print(f"{'redis':<10} {mesh.redis_url}")
+        for p in [*mesh.prefill, *mesh.decode]:
+            print(f"{p.name:<10} {p.address}")
+        print(f"{'router':<10} {mesh.router_address}")
+        print(f"pdmesh mesh ready: router on {mesh.router_address}", flush=True)
+        if args.ready_file:
+            Path(args.ready_file).write_text(mesh.router_address)
+        stop.wait()
+        print("pdmesh up: draining and stopping", flush=True)
+    finally:
+        mesh.stop()
+    return 0
+
+
 def _cmd_bench_engine(args: argparse.Namespace) -> int:
     from pdmesh.bench.engine import run_engine_bench
 
@@ -108,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="stream one generation to the terminal")
     _add_engine_args(gen)
+    gen.add_argument("--router", default=None, help="send to a running mesh (HOST:PORT) instead")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
@@ -117,6 +235,30 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     gen.set_defaults(func=_cmd_generate)
+
+    from pdmesh.serving.worker_config import WorkerConfig
+    from services.router.config import RouterConfig
+
+    for role in ("prefill", "decode"):
+        w = sub.add_parser(role, help=f"run a {role} worker")
+        _add_config_flags(w, WorkerConfig)
+        w.set_defaults(func=_cmd_worker(role))
+    r = sub.add_parser("router", help="run the router")
+    _add_config_flags(r, RouterConfig)
+    r.set_defaults(func=_cmd_router)
+
+    up = sub.add_parser("up", help="start a whole mesh on this machine")
+    up.add_argument("--model", required=True)
+    up.add_argument("--prefill", type=int, default=1)
+    up.add_argument("--decode", type=int, default=1)
+    up.add_argument("--port", type=int, default=50051, help="router port")
+    up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
+    up.add_argument("--dtype", default="float32")
+    up.add_argument("--block-size", type=int, default=16)
+    up.add_argument("--num-blocks", type=int, default=0)
+    up.add_argument("--log-dir", default=None)
+    up.add_argument("--ready-file", default=None, help="write the router address here when ready")
+    up.set_defaults(func=_cmd_up)
 
     bench = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)

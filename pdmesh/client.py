@@ -1,0 +1,80 @@
+"""``pdmesh.Client``: call a pdmesh router from Python (blocking; streams tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from pdmesh.rpc.convert import FINISH_NAMES
+from pdmesh.rpc.server import CHANNEL_OPTIONS
+from pdmesh.v1 import common_pb2, generate_pb2, generate_pb2_grpc
+
+
+@dataclass
+class Completion:
+    request_id: str = ""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Client:
+    """``Client("127.0.0.1:50051").complete("def main():", max_tokens=32, temperature=0)``."""
+
+    def __init__(self, address: str, timeout: float = 600.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = generate_pb2_grpc.GenerationStub(self._channel)
+
+    def request(self, prompt: str | list[int], request_id: str = "", cache_salt: str = "",
+                **sampling: Any) -> generate_pb2.GenerateRequest:
+        req = generate_pb2.GenerateRequest(
+            request_id=request_id, cache_salt=cache_salt, sampling=common_pb2.SamplingParams(**sampling)
+        )
+        if isinstance(prompt, str):
+            req.text = prompt
+        else:
+            req.token_ids.ids.extend(prompt)
+        return req
+
+    def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
+                 ) -> Iterator[generate_pb2.GenerateResponse]:
+        """Stream responses; raises ``grpc.RpcError`` with the mesh's status code on failure."""
+        yield from self._stub.Generate(self.request(prompt, **kwargs), timeout=timeout or self.timeout)
+
+    def complete(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any) -> Completion:
+        out = Completion()
+        for resp in self.generate(prompt, timeout=timeout, **kwargs):
+            out.request_id = resp.request_id or out.request_id
+            out.text += resp.text
+            out.token_ids.extend(resp.token_ids)
+            if resp.finish_reason:
+                out.finish_reason = FINISH_NAMES[resp.finish_reason]
+                out.stop_reason = resp.stop_reason
+                out.prompt_tokens = resp.usage.prompt_tokens
+                out.completion_tokens = resp.usage.completion_tokens
+                out.cached_tokens = resp.usage.cached_tokens
+        return out
+
+    def abort(self, request_id: str) -> bool:
+        return self._stub.Abort(generate_pb2.AbortRequest(request_id=request_id), timeout=10).aborted
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._stub.Tokenize(generate_pb2.TokenizeRequest(text=text), timeout=10).token_ids)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

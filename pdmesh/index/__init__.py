@@ -1,0 +1,1 @@
+"""The shared prefix-cache index in Redis: workers publish, the router asks."""

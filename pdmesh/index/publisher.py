@@ -1,0 +1,106 @@
+"""Worker side: push block-stored / block-removed events into Redis, in numbered batches.
+
+Events are drained from the engine's block pool every ``interval`` and applied in one
+MULTI/EXEC pipeline. When Redis is unreachable the worker keeps serving; events of the
+outage are dropped and, once Redis answers again, the worker replaces everything it had
+published with a snapshot of its current prefix cache (so a restarted Redis refills).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from pdmesh.index import keys
+from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+if TYPE_CHECKING:
+    from pdmesh.serving.worker_core import WorkerCore
+
+log = logging.getLogger(__name__)
+
+
+class IndexPublisher:
+    def __init__(self, url: str, worker_id: str, epoch: str, address: str,
+                 interval: float = 0.02, heartbeat_ttl_ms: int = 3000) -> None:
+        self.redis = aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self.worker_id = worker_id
+        self.epoch = epoch
+        self.address = address
+        self.member = keys.member(worker_id, epoch)
+        self.interval = interval
+        self.heartbeat_ttl_ms = heartbeat_ttl_ms
+        self.batch = 0
+        self.synced = False
+        self.failures = 0
+
+    async def run(self, core: WorkerCore) -> None:
+        last_beat = 0.0
+        while True:
+            events = await core.aeng.call(core.engine.pool.take_events)
+            try:
+                if not self.synced:
+                    cached = await core.aeng.call(lambda: list(core.engine.pool.cached))
+                    await self.snapshot(cached)
+                elif events:
+                    await self.apply(events)
+                if time.monotonic() - last_beat > 0.5:
+                    await self.heartbeat()
+                    last_beat = time.monotonic()
+            except (RedisError, OSError) as exc:
+                if self.synced or self.failures == 0:
+                    log.warning("prefix index unreachable (%s); serving on, will resync", exc)
+                self.synced = False
+                self.failures += 1
+            await asyncio.sleep(self.interval)
+
+    async def apply(self, events: list[KVEvent]) -> None:
+        self.batch += 1
+        pipe = self.redis.pipeline(transaction=True)
+        wkey = keys.worker_blocks_key(self.member)
+        for event in events:
+            if isinstance(event, BlockStored):
+                for h in event.block_hashes:
+                    pipe.sadd(keys.block_key(h), self.member)
+                pipe.sadd(wkey, *[h.hex() for h in event.block_hashes])
+            elif isinstance(event, BlockRemoved):
+                for h in event.block_hashes:
+                    pipe.srem(keys.block_key(h), self.member)
+                pipe.srem(wkey, *[h.hex() for h in event.block_hashes])
+            elif isinstance(event, AllBlocksCleared):
+                await self._clear(pipe)
+        pipe.set(keys.seq_key(self.member), self.batch)
+        await pipe.execute()
+
+    async def _clear(self, pipe) -> None:  # type: ignore[no-untyped-def]
+        wkey = keys.worker_blocks_key(self.member)
+        for hexed in await self.redis.smembers(wkey):
+            pipe.srem(f"{keys.PREFIX}:blk:{hexed.decode()}", self.member)
+        pipe.delete(wkey)
+
+    async def snapshot(self, cached: list[bytes]) -> None:
+        """Replace everything this worker published with its current prefix cache."""
+        self.batch += 1
+        pipe = self.redis.pipeline(transaction=True)
+        await self._clear(pipe)
+        for h in cached:
+            pipe.sadd(keys.block_key(h), self.member)
+        if cached:
+            pipe.sadd(keys.worker_blocks_key(self.member), *[h.hex() for h in cached])
+        pipe.set(keys.seq_key(self.member), self.batch)
+        await pipe.execute()
+        self.synced = True
+        if self.failures:
+            log.info("prefix index resynced with %d blocks", len(cached))
+
+    async def heartbeat(self) -> None:
+        beat = {"epoch": self.epoch, "address": self.address, "batch": self.batch,
+                "unix_ms": int(time.time() * 1000)}
+        await self.redis.set(keys.heartbeat_key(self.worker_id), json.dumps(beat),
+                             px=self.heartbeat_ttl_ms)

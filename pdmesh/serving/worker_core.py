@@ -1,0 +1,160 @@
+"""The engine, its async loop and its NIXL transport inside one worker process.
+
+Shared by the prefill and decode servicers: builds the engine from ``WorkerConfig``,
+registers the KV pool with NIXL, answers ``Info``, connects to peers on demand and runs
+KV writes against a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from pdmesh.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdmesh.engine.async_engine import AsyncLLMEngine
+from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.kv.transfer.base import PeerLayout, TransferState
+from pdmesh.kv.transfer.nixl import NixlTransport
+from pdmesh.rpc.status import TransferFailedError
+from pdmesh.serving.clients import worker_stub
+from pdmesh.serving.worker_config import WorkerConfig
+from pdmesh.v1 import worker_pb2
+
+log = logging.getLogger(__name__)
+_ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER_ROLE_DECODE}
+
+
+@dataclass
+class Counters:
+    kv_bytes_sent: int = 0
+    expired_leases: int = 0
+    computed_prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+def compat_hash(model: str, dtype: str, block_size: int, algorithm: str, seed: int,
+                layout: tuple[int, ...]) -> str:
+    """Digest of what two workers must share to exchange KV blocks and hashes."""
+    blob = json.dumps([Path(model).name, dtype, block_size, algorithm, seed, list(layout)])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class WorkerCore:
+    def __init__(self, cfg: WorkerConfig, port: int) -> None:
+        self.cfg = cfg
+        self.port = port
+        self.worker_id = cfg.resolved_id(port)
+        self.address = f"{cfg.host}:{port}"
+        self.epoch = uuid.uuid4().hex[:12]
+        self.engine = LLMEngine(EngineConfig(
+            model=cfg.model, dtype=cfg.dtype, device=cfg.device,
+            max_model_len=cfg.max_model_len or None, num_threads=cfg.threads or None,
+            cache=CacheConfig(
+                block_size=cfg.block_size, num_blocks=cfg.num_blocks or None,
+                kv_cache_memory_gb=cfg.kv_cache_memory_gb, hash_seed=cfg.hash_seed,
+                hash_algorithm=cfg.hash_algorithm,
+            ),
+            scheduler=SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs),
+        ))
+        self.aeng = AsyncLLMEngine(self.engine)
+        kv = self.engine.runner.kv_cache
+        self.transport = NixlTransport(self.worker_id, kv)
+        self.dtype_name = str(self.engine.dtype).split(".")[-1]
+        self.compat = compat_hash(
+            cfg.model, self.dtype_name, cfg.block_size, cfg.hash_algorithm, cfg.hash_seed,
+            tuple(kv.shape[1:]),
+        )
+        self.counters = Counters()
+
+    # -- Info -------------------------------------------------------------------------
+    def info(self) -> worker_pb2.WorkerInfo:
+        eng = self.engine
+        stats = eng.pool.stats()
+        return worker_pb2.WorkerInfo(
+            worker_id=self.worker_id, role=_ROLES[self.cfg.role], model=Path(self.cfg.model).name,
+            dtype=self.dtype_name, block_size=self.cfg.block_size,
+            hash_algorithm=self.cfg.hash_algorithm, hash_seed=self.cfg.hash_seed,
+            num_blocks=stats.num_blocks, free_blocks=eng.pool.num_free_blocks,
+            num_running=len(eng.scheduler.running), num_waiting=eng.scheduler.num_waiting,
+            nixl_metadata=self.transport.metadata(), kv_base_addr=self.transport.base_addr,
+            kv_block_bytes=self.transport.block_bytes, epoch=self.epoch, compat_hash=self.compat,
+            kv_mem_type=self.transport.mem_type, kv_device_id=self.transport.device_id,
+            used_blocks=stats.used, cached_blocks=stats.cached,
+            num_handoffs=len(eng.handoff.reserved) + len(eng.handoff.held),
+            computed_prompt_tokens=self.counters.computed_prompt_tokens,
+            cached_prompt_tokens=self.counters.cached_prompt_tokens,
+            kv_bytes_sent=self.counters.kv_bytes_sent, expired_leases=self.counters.expired_leases,
+        )
+
+    # -- KV transfer ------------------------------------------------------------------
+    async def ensure_peer(self, worker_id: str, address: str, timeout: float) -> None:
+        """Connect NIXL to a decode worker the first time (or after it restarted)."""
+        if self.transport.has_peer(worker_id):
+            return
+        info = await worker_stub(address).Info(worker_pb2.InfoRequest(), timeout=timeout)
+        if info.compat_hash != self.compat:
+            from pdmesh.errors import IncompatibleWorkerError
+
+            raise IncompatibleWorkerError(
+                f"decode worker {worker_id} has compat {info.compat_hash}, this prefill worker {self.compat}"
+            )
+        self.transport.add_peer(PeerLayout(
+            info.worker_id, info.nixl_metadata, info.kv_base_addr, info.kv_block_bytes,
+            info.num_blocks, info.kv_mem_type or "DRAM", info.kv_device_id,
+        ))
+
+    async def write_kv(self, peer: str, src: list[int], dst: list[int], notif: bytes,
+                       timeout: float) -> int:
+        """Write blocks to ``peer`` and wait until DONE; returns bytes moved."""
+        loop = asyncio.get_running_loop()
+        try:
+            handle = self.transport.write(peer, src, dst, notif)
+        except Exception as exc:
+            self.transport.remove_peer(peer)
+            raise TransferFailedError(f"KV write to {peer} could not start: {exc}") from exc
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                try:
+                    state = self.transport.poll(handle)
+                except Exception as exc:
+                    state = TransferState.FAILED
+                    log.warning("KV write to %s failed: %s", peer, exc)
+                if state is TransferState.DONE:
+                    moved = len(src) * self.transport.block_bytes
+                    self.counters.kv_bytes_sent += moved
+                    return moved
+                if state is TransferState.FAILED:
+                    self.transport.remove_peer(peer)
+                    raise TransferFailedError(f"KV write to {peer} failed (peer gone?)")
+                if loop.time() > deadline:
+                    raise TransferFailedError(f"KV write to {peer} did not finish within {timeout:.1f}s")
+                await asyncio.sleep(0.0005)
+        finally:
+            self.transport.release(handle)
+
+
+def write_port_file(path: str, port: int) -> None:
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(path)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def remaining(context: grpc.aio.ServicerContext, default: float) -> float:
+    """Seconds left on the caller's deadline (``default`` when it set none)."""
+    left = context.time_remaining()
+    return default if left is None else max(0.0, left)

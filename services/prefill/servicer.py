@@ -1,0 +1,71 @@
+"""Prefill worker: compute a prompt's KV, write it into a decode worker's blocks, return token 1.
+
+Request lifecycle (one ``Prefill`` call):
+  1. queued     — the request waits in the engine's scheduler (prefix-cache hits reused);
+  2. computing  — prefill chunks run; the last one samples the first token;
+  3. held       — the engine keeps the prompt's blocks (``hold_kv``) instead of freeing them;
+  4. writing    — NIXL WRITEs the blocks the decode worker lacks into its reservation, with
+                  the transfer id as notification; polled against a deadline;
+  5. released   — the held blocks are freed (they stay in this worker's prefix cache),
+                  whether the write succeeded, failed or the caller went away.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from pdmesh.rpc.convert import logprob_to_proto, sampling_from_proto
+from pdmesh.serving.worker_core import WorkerCore, remaining
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+
+
+class PrefillServicer(worker_pb2_grpc.PrefillServicer):
+    def __init__(self, core: WorkerCore) -> None:
+        self.core = core
+
+    async def Prefill(  # noqa: N802 (gRPC method name)
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        core = self.core
+        dest = request.destination
+        budget = remaining(context, core.cfg.transfer_timeout_s + 600)
+        await core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(budget, 5.0))
+        user = sampling_from_proto(request.sampling)
+        params = user.replace(
+            max_tokens=1, min_tokens=min(user.min_tokens, 1), stop=(), output_kind="final_only",
+            cache_salt=request.cache_salt or None,
+        )
+        rid = request.request_id
+        start = time.perf_counter()
+        final = None
+        async for out in core.aeng.generate(list(request.prompt_token_ids), params, rid, hold_kv=True):
+            final = out
+        if final is None or not final.outputs:
+            raise RuntimeError(f"prefill of {rid} produced no token")
+        computed_at = time.perf_counter()
+        try:
+            held = await core.aeng.call(lambda: core.engine.handoff.held_block_ids(rid))
+            src = held[dest.first_block : dest.first_block + len(dest.block_ids)]
+            moved = 0
+            if src:
+                moved = await core.write_kv(
+                    dest.worker_id, src, list(dest.block_ids), dest.transfer_id.encode(),
+                    timeout=min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
+                )
+        finally:
+            await core.aeng.call(lambda: core.engine.handoff.release(rid))
+        done = time.perf_counter()
+        comp = final.outputs[0]
+        cached = final.metrics.num_cached_tokens
+        core.counters.cached_prompt_tokens += cached
+        core.counters.computed_prompt_tokens += len(request.prompt_token_ids) - cached
+        resp = worker_pb2.PrefillResponse(
+            first_token_id=comp.token_ids[0], cached_tokens=cached,
+            blocks_transferred=len(src), bytes_transferred=moved,
+            prefill_ms=1000 * (computed_at - start), transfer_ms=1000 * (done - computed_at),
+        )
+        if comp.logprobs:
+            resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
+        return resp

@@ -1,0 +1,24 @@
+"""Router policies, one per file; ``build_policy`` maps a config name to an instance."""
+
+from __future__ import annotations
+
+from services.router.config import RouterConfig
+from services.router.policies.base import Decision, Policy, RouteContext
+from services.router.policies.cache_aware import CacheAwarePolicy
+from services.router.policies.least_loaded import LeastLoadedPolicy
+from services.router.policies.prefix_hash import PrefixHashPolicy
+from services.router.policies.round_robin import RoundRobinPolicy
+
+_FACTORIES = {
+    "cache_aware": lambda cfg: CacheAwarePolicy(cfg.cache_weight, cfg.load_weight, cfg.balance_threshold),
+    "prefix_hash": lambda cfg: PrefixHashPolicy(),
+    "least_loaded": lambda cfg: LeastLoadedPolicy(),
+    "round_robin": lambda cfg: RoundRobinPolicy(),
+}
+
+
+def build_policy(name: str, cfg: RouterConfig) -> Policy:
+    return _FACTORIES[name](cfg)
+
+
+__all__ = ["Decision", "Policy", "RouteContext", "build_policy"]

@@ -1,0 +1,292 @@
+"""The router's public ``Generation`` service and its ``MeshAdmin`` view.
+
+Request lifecycle (one ``Generate`` call):
+  1. admitted   — tokenized once, validated (INVALID_ARGUMENT), hashed into block hashes;
+  2. routed     — decode worker by load; prefill worker by policy over the Redis index
+                  (consistent hashing when Redis is down); short uncached prompts, or no
+                  healthy prefill worker under ``fallback_local``, prefill on the decode worker;
+  3. reserved   — the decode worker reserves blocks for what it does not cache (KvHandle);
+  4. prefilled  — the prefill worker computes and WRITEs the KV, returns the first token;
+                  if it is unreachable the reservation is released and another prefill
+                  worker is tried once;
+  5. decoding   — the decode worker's stream is relayed to the caller;
+  6. done       — in-flight counts drop; a caller that leaves (or ``Abort``) cancels the
+                  downstream calls, and every worker frees the request's blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from redis.exceptions import RedisError
+
+from pdmesh.errors import InvalidRequestError
+from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
+from pdmesh.model.config import ModelConfig
+from pdmesh.rpc.convert import sampling_from_proto
+from pdmesh.rpc.status import UnavailableError
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.serving.clients import decode_stub, prefill_stub
+from pdmesh.serving.worker_core import remaining
+from pdmesh.tokenizer import Tokenizer
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc, worker_pb2
+from services.router.config import RouterConfig
+from services.router.policies import Decision, RouteContext, build_policy
+from services.router.registry import Registry, WorkerHandle
+
+log = logging.getLogger(__name__)
+
+
+class RouterCore:
+    """Routing state shared by the public and admin servicers."""
+
+    def __init__(self, cfg: RouterConfig, registry: Registry, index=None) -> None:  # type: ignore[no-untyped-def]
+        self.cfg = cfg
+        self.registry = registry
+        self.index = index
+        self.tokenizer = Tokenizer(cfg.model)
+        self.model_config = ModelConfig.from_dir(cfg.model)
+        self.hasher = BlockHasher(cfg.block_size, cfg.hash_seed, cfg.hash_algorithm)
+        self.prefill_policy = build_policy(cfg.prefill_policy, cfg)
+        self.decode_policy = build_policy(cfg.decode_policy, cfg)
+        self.decisions: Counter[str] = Counter()
+        self.local_prefills = 0
+        self.index_fallbacks = 0
+        self.prefill_retries = 0
+        self.inflight: dict[str, asyncio.Task[object]] = {}
+
+    # -- admission --------------------------------------------------------------------
+    def prompt_ids(self, request: generate_pb2.GenerateRequest) -> list[int]:
+        kind = request.WhichOneof("input")
+        if kind == "text":
+            if not request.text:
+                raise InvalidRequestError("text", "must not be empty")
+            return self.tokenizer.encode(request.text)
+        if kind == "token_ids":
+            ids = list(request.token_ids.ids)
+            if not ids:
+                raise InvalidRequestError("token_ids", "must contain at least one token id")
+            vocab = self.model_config.vocab_size
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise InvalidRequestError("token_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
+            return ids
+        raise InvalidRequestError("input", "set either text or token_ids")
+
+    def check_length(self, ids: list[int], params: SamplingParams) -> None:
+        limit = self.model_config.max_position_embeddings
+        if len(ids) + params.max_tokens > limit:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                f"context of {limit}; lower max_tokens to at most {max(0, limit - len(ids))}",
+            )
+
+    # -- routing ----------------------------------------------------------------------
+    async def route_prefill(
+        self, ids: list[int], params: SamplingParams, exclude: set[str]
+    ) -> Decision | None:
+        candidates = [w for w in self.registry.healthy("prefill") if w.worker_id not in exclude]
+        if not candidates:
+            return None
+        hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
+        key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
+        matched = await self._matched(hashes, candidates)
+        return self.prefill_policy.choose(
+            candidates, RouteContext(hashes, key, matched, self.cfg.block_size)
+        )
+
+    async def _matched(self, hashes: list, candidates: list[WorkerHandle]) -> dict[str, int] | None:  # type: ignore[type-arg]
+        if self.index is None:
+            return None
+        try:
+            found = await self.index.longest_prefix(hashes)
+        except (RedisError, OSError) as exc:
+            self.index_fallbacks += 1
+            if self.index_fallbacks == 1 or self.index_fallbacks % 100 == 0:
+                log.warning("prefix index unreachable (%s): routing by consistent hash", exc)
+            return None
+        epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
+        return {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
+
+    def route_decode(self) -> WorkerHandle:
+        candidates = self.registry.healthy("decode")
+        if not candidates:
+            raise UnavailableError("no healthy decode worker; retry later")
+        return self.decode_policy.choose(candidates, RouteContext([], b"", None, self.cfg.block_size)).worker
+
+
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, core: RouterCore) -> None:
+        self.core = core
+
+    async def Generate(self, request, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
+        core = self.core
+        rid = request.request_id or uuid.uuid4().hex
+        if rid in core.inflight:
+            raise InvalidRequestError("request_id", f"{rid!r} is already in flight")
+        ids = core.prompt_ids(request)
+        params = sampling_from_proto(request.sampling, cache_salt=request.cache_salt or None)
+        core.check_length(ids, params)
+        task = asyncio.current_task()
+        if task is not None:
+            core.inflight[rid] = task
+        try:
+            async for resp in self._generate(rid, ids, params, request, context):
+                yield resp
+        finally:
+            core.inflight.pop(rid, None)
+
+    async def _generate(self, rid, ids, params, request, context):  # type: ignore[no-untyped-def]
+        core = self.core
+        cfg = core.cfg
+        decode = core.route_decode()
+        tried: set[str] = set()
+        decode.in_flight += 1
+        try:
+            while True:
+                choice = await core.route_prefill(ids, params, tried)
+                local_reason = self._local_reason(choice, ids)
+                if local_reason:
+                    core.local_prefills += 1
+                    core.decisions[f"local/{local_reason}"] += 1
+                    async for resp in self._relay(decode, decode_stub(decode.address).GenerateLocal(
+                        self._reserve_msg(rid, ids, params, request), timeout=remaining(context, cfg.request_timeout_s),
+                    )):
+                        yield resp
+                    return
+                if choice is None:
+                    raise RuntimeError("no prefill choice although local prefill was not chosen")
+                core.decisions[f"{core.prefill_policy.name}/{choice.reason}"] += 1
+                first = await self._prefill(rid, ids, params, request, context, decode, choice)
+                if first is None:  # the prefill worker was unreachable: try another once
+                    tried.add(choice.worker.worker_id)
+                    core.prefill_retries += 1
+                    if len(tried) > 1:
+                        raise UnavailableError(f"prefill failed on {sorted(tried)}; retry later")
+                    continue
+                presp, handle = first
+                msg = worker_pb2.DecodeRequest(
+                    request_id=rid, first_token_id=presp.first_token_id,
+                    cached_tokens=max(handle.cached_tokens, presp.cached_tokens),
+                    transfer_id=handle.transfer_id,
+                )
+                if presp.HasField("first_logprob"):
+                    msg.first_logprob.CopyFrom(presp.first_logprob)
+                call = decode_stub(decode.address).Decode(
+                    msg, timeout=remaining(context, cfg.request_timeout_s)
+                )
+                async for resp in self._relay(decode, call):
+                    yield resp
+                return
+        finally:
+            decode.in_flight -= 1
+
+    def _local_reason(self, choice: Decision | None, ids: list[int]) -> str:
+        cfg = self.core.cfg
+        if choice is None:
+            if cfg.disaggregation == "strict":
+                raise UnavailableError("no healthy prefill worker (disaggregation=strict); retry later")
+            return "no_prefill"
+        if cfg.local_prefill_tokens and len(ids) - choice.cached_tokens < cfg.local_prefill_tokens:
+            return "short_prompt"
+        return ""
+
+    def _reserve_msg(self, rid, ids, params, request) -> worker_pb2.ReserveRequest:  # type: ignore[no-untyped-def]
+        return worker_pb2.ReserveRequest(
+            request_id=rid, prompt_token_ids=ids, sampling=request.sampling,
+            cache_salt=request.cache_salt, lease_ms=self.core.cfg.lease_ms,
+        )
+
+    async def _prefill(self, rid, ids, params, request, context, decode, choice):  # type: ignore[no-untyped-def]
+        """Reserve on D, prefill on P; None when P was unreachable (D's blocks released)."""
+        cfg = self.core.cfg
+        d_stub = decode_stub(decode.address)
+        handle = await d_stub.Reserve(
+            self._reserve_msg(rid, ids, params, request), timeout=remaining(context, cfg.request_timeout_s)
+        )
+        prefill = choice.worker
+        prefill.in_flight += 1
+        released = False
+        try:
+            presp = await prefill_stub(prefill.address).Prefill(
+                worker_pb2.PrefillRequest(
+                    request_id=rid, prompt_token_ids=ids, sampling=request.sampling,
+                    cache_salt=request.cache_salt, destination=handle,
+                ),
+                timeout=remaining(context, cfg.request_timeout_s),
+            )
+            return presp, handle
+        except grpc.aio.AioRpcError as exc:
+            released = True
+            await self._release(d_stub, rid)
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.core.registry.mark_down(prefill)
+                log.warning("prefill worker %s unavailable for %s: %s", prefill.worker_id, rid, exc.details())
+                return None
+            raise
+        except BaseException:
+            if not released:
+                await self._release(d_stub, rid)
+            raise
+        finally:
+            prefill.in_flight -= 1
+
+    @staticmethod
+    async def _release(stub, rid: str) -> None:  # type: ignore[no-untyped-def]
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            await asyncio.shield(stub.Release(worker_pb2.ReleaseRequest(request_id=rid), timeout=5.0))
+
+    async def _relay(self, decode: WorkerHandle, call) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
+        try:
+            async for resp in call:
+                yield resp
+        finally:
+            call.cancel()  # no-op when finished; aborts the decode side when we leave early
+
+    async def Abort(self, request, context) -> generate_pb2.AbortResponse:  # noqa: N802
+        task = self.core.inflight.pop(request.request_id, None)
+        if task is None:
+            return generate_pb2.AbortResponse(aborted=False)
+        task.cancel()
+        return generate_pb2.AbortResponse(aborted=True)
+
+    async def Tokenize(self, request, context) -> generate_pb2.TokenizeResponse:  # noqa: N802
+        return generate_pb2.TokenizeResponse(token_ids=self.core.tokenizer.encode(request.text))
+
+    async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:  # noqa: N802
+        dtype = next((w.info.dtype for w in self.core.registry.workers if w.info is not None), "")
+        card = generate_pb2.ModelCard(
+            name=Path(self.core.cfg.model).name,
+            max_model_len=self.core.model_config.max_position_embeddings, dtype=dtype,
+        )
+        return generate_pb2.ListModelsResponse(models=[card])
+
+
+class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
+    def __init__(self, core: RouterCore) -> None:
+        self.core = core
+
+    async def ListWorkers(self, request, context) -> admin_pb2.ListWorkersResponse:  # noqa: N802
+        out = admin_pb2.ListWorkersResponse()
+        for w in self.core.registry.workers:
+            status = out.workers.add(address=w.address, healthy=w.healthy,
+                                     refused_reason=w.refused, in_flight=w.in_flight)
+            if w.info is not None:
+                status.info.CopyFrom(w.info)
+        return out
+
+    async def RouterStats(self, request, context) -> admin_pb2.RouterStatsResponse:  # noqa: N802
+        c = self.core
+        return admin_pb2.RouterStatsResponse(
+            decisions=dict(c.decisions), local_prefills=c.local_prefills,
+            index_fallbacks=c.index_fallbacks, prefill_retries=c.prefill_retries,
+        )
+

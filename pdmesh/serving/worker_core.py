@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -68,6 +69,12 @@ class WorkerCore:
         self.aeng = AsyncLLMEngine(self.engine)
         kv = self.engine.runner.kv_cache
         self.transport = NixlTransport(self.worker_id, kv)
+        delay = os.environ.get("PDMESH_FAULT_TRANSFER_DELAY_S")
+        if delay:
+            from pdmesh.kv.transfer.faults import DelayedWrites
+
+            log.warning("FAULT INJECTION: every KV write starts %ss late", delay)
+            self.transport = DelayedWrites(self.transport, float(delay))  # type: ignore[assignment]
         self.dtype_name = str(self.engine.dtype).split(".")[-1]
         self.compat = compat_hash(
             cfg.model, self.dtype_name, cfg.block_size, cfg.hash_algorithm, cfg.hash_seed,

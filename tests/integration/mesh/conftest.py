@@ -1,0 +1,60 @@
+"""A real mesh for the module: redis-server, 2 prefill + 1 decode workers, the router."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+
+WORKER_ARGS = ["--dtype", "float32", "--num-blocks", "256", "--block-size", "16"]
+
+
+def admin(mesh: Mesh) -> admin_pb2_grpc.MeshAdminStub:
+    return admin_pb2_grpc.MeshAdminStub(grpc.insecure_channel(mesh.router_address))
+
+
+def infos(mesh: Mesh) -> dict[str, worker_pb2.WorkerInfo]:
+    """Fresh Info from every worker, straight from the workers."""
+    from pdmesh.v1 import worker_pb2_grpc
+
+    out = {}
+    for p in [*mesh.prefill, *mesh.decode]:
+        with grpc.insecure_channel(p.address) as ch:
+            out[p.name] = worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
+    return out
+
+
+def wait_idle(mesh: Mesh, timeout: float = 20.0) -> dict[str, worker_pb2.WorkerInfo]:
+    """Wait until no worker holds a block for a live request (aborts settle asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = infos(mesh)
+        busy = {n: (i.used_blocks, i.num_handoffs, i.num_running, i.num_waiting) for n, i in state.items()
+                if i.used_blocks or i.num_handoffs or i.num_running or i.num_waiting}
+        if not busy:
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"workers still hold blocks: {busy}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="package")
+def mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    spec = MeshSpec(model=str(llama_dir), prefill=2, decode=1, worker_args=WORKER_ARGS,
+                    router_args=["--info-interval-s", "0.2"],
+                    log_dir=str(tmp_path_factory.mktemp("mesh-logs")))
+    with Mesh(spec) as m:
+        yield m
+
+
+@pytest.fixture()
+def client(mesh: Mesh) -> Iterator[Client]:
+    with Client(mesh.router_address, timeout=120) as c:
+        yield c

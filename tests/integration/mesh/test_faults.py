@@ -1,0 +1,131 @@
+"""Failures that need their own mesh: refused workers, a prefill worker dying mid-transfer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.v1 import admin_pb2
+from tests.conftest import HFReference, mixed_prompts
+from tests.integration.mesh.conftest import WORKER_ARGS, admin, wait_idle
+
+
+def test_incompatible_workers_are_refused_with_a_reason(llama_dir: Path, tmp_path: Path) -> None:
+    spec = MeshSpec(
+        model=str(llama_dir), prefill=2, decode=1, worker_args=WORKER_ARGS,
+        prefill_args=[], router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path),
+    )
+    mesh = Mesh(spec)
+    # prefill-1 uses another block size; a third worker another hash seed.
+    spec.prefill_args = []
+    mesh.start_redis()
+    try:
+        good = mesh._spawn_worker("prefill", 0)
+        odd = mesh._spawn("prefill-odd", ["prefill", "--model", str(llama_dir), "--worker-id", "odd",
+                                          *mesh._port_args("prefill-odd"), "--dtype", "float32",
+                                          "--num-blocks", "64", "--block-size", "8"])
+        seeded = mesh._spawn("prefill-seed", ["prefill", "--model", str(llama_dir), "--worker-id", "seed",
+                                              *mesh._port_args("prefill-seed"), *WORKER_ARGS,
+                                              "--hash-seed", "7"])
+        dec = mesh._spawn_worker("decode", 0)
+        for p in (good, odd, seeded, dec):
+            mesh._await_ready(p)
+        mesh.prefill += [odd, seeded]
+        mesh.router = mesh._spawn("router", [
+            "router", "--model", str(llama_dir), "--redis-url", mesh.redis_url,
+            "--prefill", ",".join(p.address for p in (good, odd, seeded)), "--decode", dec.address,
+            *mesh._port_args("router")])
+        mesh._await_ready(mesh.router)
+        workers = {w.info.worker_id: w for w in admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest()).workers}
+        assert workers["prefill-0"].healthy and not workers["prefill-0"].refused_reason
+        assert not workers["odd"].healthy
+        assert workers["odd"].refused_reason == "block_size 8 differs from the mesh's 16"
+        assert workers["seed"].refused_reason == "hash_seed 7 differs from the mesh's 0"
+        with Client(mesh.router_address) as c:
+            for p in mixed_prompts(4, seed=3):
+                assert len(c.complete(p, max_tokens=3, temperature=0).token_ids) == 3
+        assert "refusing prefill worker odd" in mesh.router.log.read_text()  # type: ignore[union-attr]
+    finally:
+        mesh.stop()
+
+
+def test_prefill_killed_mid_transfer_is_retried_and_leaks_nothing(
+    llama_dir: Path, tmp_path: Path, hf_refs
+) -> None:  # type: ignore[no-untyped-def]
+    spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, worker_args=WORKER_ARGS,
+                    router_args=["--info-interval-s", "0.2", "--prefill-policy", "round_robin"],
+                    log_dir=str(tmp_path))
+    mesh = Mesh(spec)
+    os.environ["PDMESH_FAULT_TRANSFER_DELAY_S"] = "3"
+    try:
+        mesh.start()  # prefill-0 starts its writes 3 s late: long enough to kill it mid-transfer
+    finally:
+        del os.environ["PDMESH_FAULT_TRANSFER_DELAY_S"]
+    try:
+        healthy = mesh._spawn_worker("prefill", 1)
+        mesh._await_ready(healthy)
+        # Restart the router so it knows both prefill workers.
+        mesh.kill(mesh.router)  # type: ignore[arg-type]
+        mesh.router = mesh._spawn("router", [
+            "router", "--model", str(llama_dir), "--redis-url", mesh.redis_url,
+            "--prefill", ",".join(p.address for p in mesh.prefill), "--decode", mesh.decode[0].address,
+            "--prefill-policy", "least_loaded", "--info-interval-s", "0.2",
+            *mesh._port_args("router")])
+        mesh._await_ready(mesh.router)
+        prompt = mixed_prompts(8, seed=61)[7]
+        result: dict = {}
+
+        def call() -> None:
+            with Client(mesh.router_address) as c:
+                t = time.monotonic()
+                result["out"] = c.complete(prompt, max_tokens=8, temperature=0, timeout=60)
+                result["seconds"] = time.monotonic() - t
+
+        # The slow worker is chosen first (both idle, least_loaded takes the lowest load,
+        # ties by id); kill it while its write is pending.
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(1.5)
+        mesh.kill(mesh.prefill[0])
+        thread.join(60)
+        assert not thread.is_alive(), "the request hung after its prefill worker died"
+        want = hf_refs["llama"].greedy(prompt, 8)
+        assert result["out"].token_ids == want
+        stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
+        assert stats.prefill_retries == 1
+        # The decode worker freed the first reservation: nothing is held anywhere alive.
+        mesh.prefill = mesh.prefill[1:]
+        wait_idle(mesh)
+    finally:
+        mesh.stop()
+
+
+def test_strict_disaggregation_without_prefill_is_unavailable(llama_dir: Path, tmp_path: Path) -> None:
+    spec = MeshSpec(model=str(llama_dir), prefill=0, decode=1, worker_args=WORKER_ARGS,
+                    router_args=["--disaggregation", "strict"], log_dir=str(tmp_path))
+    with Mesh(spec) as mesh, Client(mesh.router_address) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.complete([5, 6, 7], max_tokens=2)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "no healthy prefill worker" in err.value.details()
+
+
+def test_fallback_local_prefills_on_decode_and_counts_it(llama_dir: Path, tmp_path: Path, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    spec = MeshSpec(model=str(llama_dir), prefill=0, decode=1, worker_args=WORKER_ARGS,
+                    log_dir=str(tmp_path))
+    with Mesh(spec) as mesh, Client(mesh.router_address) as c:
+        prompt = mixed_prompts(3, seed=71)[2]
+        assert c.complete(prompt, max_tokens=6, temperature=0).token_ids == hf_refs["llama"].greedy(prompt, 6)
+        stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
+        assert stats.local_prefills == 1 and stats.decisions["local/no_prefill"] == 1
+        wait_idle(mesh)
+
+

@@ -1,0 +1,145 @@
+"""The whole mesh: real processes, real redis-server, real NIXL transfers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import redis
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh
+from pdmesh.v1 import admin_pb2
+from tests.conftest import HFReference, mixed_prompts
+from tests.integration.mesh.conftest import admin, infos, wait_idle
+
+MAX_NEW = 16
+
+
+def test_greedy_through_the_mesh_matches_transformers(mesh: Mesh, client: Client, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    ref: HFReference = hf_refs["llama"]
+    prompts = mixed_prompts(16, seed=11)
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda p: client.complete(p, max_tokens=MAX_NEW, temperature=0), prompts))
+    want = [ref.greedy(p, MAX_NEW) for p in prompts]
+    assert [o.token_ids for o in outs] == want
+    assert all(o.finish_reason in ("length", "stop") for o in outs)
+    assert all(o.prompt_tokens == len(p) for o, p in zip(outs, prompts))
+    state = wait_idle(mesh)
+    assert sum(i.kv_bytes_sent for n, i in state.items() if n.startswith("prefill")) > 0
+
+
+def test_text_prompts_and_streaming(client: Client) -> None:
+    chunks = list(client.generate("def main():", max_tokens=8, temperature=0))
+    assert chunks[-1].finish_reason and chunks[-1].usage.completion_tokens == 8
+    assert sum(len(c.token_ids) for c in chunks) == 8
+    assert client.tokenize("def main():")[0] == 0  # BOS
+
+
+def test_shared_prefix_lands_on_the_worker_that_holds_it(mesh: Mesh, client: Client) -> None:
+    rng = random.Random(21)
+    prefix = [rng.randrange(5, 1000) for _ in range(96)]  # 6 full blocks
+    first = client.complete(prefix + [7, 8, 9], max_tokens=2, temperature=0)
+    assert first.cached_tokens == 0
+    before = infos(mesh)
+    time.sleep(0.3)  # the publisher pushes events every 20 ms
+    outs = [client.complete(prefix + [rng.randrange(5, 1000) for _ in range(5)], max_tokens=2,
+                            temperature=0) for _ in range(4)]
+    after = infos(mesh)
+    assert all(o.cached_tokens >= 96 for o in outs)
+    gained = {n: after[n].cached_prompt_tokens - before[n].cached_prompt_tokens
+              for n in after if n.startswith("prefill")}
+    # Every follow-up hit one prefill worker's cache: 4 x 96 cached tokens there, none elsewhere.
+    assert sorted(gained.values()) == [0, 4 * 96]
+    stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
+    assert stats.decisions["cache_aware/hit"] >= 4
+
+
+def test_second_turn_moves_only_the_new_blocks(mesh: Mesh, client: Client) -> None:
+    rng = random.Random(31)
+    turn1 = [rng.randrange(5, 1000) for _ in range(70)]
+    out1 = client.complete(turn1, max_tokens=10, temperature=0, ignore_eos=True)
+    sent0 = sum(i.kv_bytes_sent for i in infos(mesh).values())
+    turn2 = turn1 + out1.token_ids + [rng.randrange(5, 1000) for _ in range(40)]
+    out2 = client.complete(turn2, max_tokens=4, temperature=0)
+    moved = sum(i.kv_bytes_sent for i in infos(mesh).values()) - sent0
+    block_bytes = infos(mesh)["decode-0"].kv_block_bytes
+    # D computed KV for turn 1's 79 tokens (the last sampled token never ran through the
+    # model): 4 full blocks stay cached there and only the rest of turn 2 moves.
+    total_blocks = -(-len(turn2) // 16)
+    assert out2.cached_tokens >= 64
+    assert moved == (total_blocks - 4) * block_bytes < total_blocks * block_bytes
+
+
+def test_random_cancellations_leave_no_block_anywhere(mesh: Mesh, client: Client) -> None:
+    rng = random.Random(41)
+    prompts = mixed_prompts(100, seed=42)
+    completed = []
+
+    def one(i: int) -> None:
+        stream = client._stub.Generate(
+            client.request(prompts[i], request_id=f"cancel-{i}", max_tokens=40, temperature=0.5,
+                           ignore_eos=True),
+            timeout=60,
+        )
+        stop_after = rng.randrange(0, 6) if i % 3 else 10**6
+        try:
+            for n, _ in enumerate(stream):
+                if n >= stop_after:
+                    stream.cancel()
+                    return
+            completed.append(i)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.CANCELLED
+
+    with ThreadPoolExecutor(20) as pool:
+        list(pool.map(one, range(100)))
+    assert len(completed) >= 30
+    state = wait_idle(mesh)
+    for name, info in state.items():
+        assert info.used_blocks == 0 and info.num_handoffs == 0, name
+        assert info.free_blocks == info.num_blocks, name
+
+
+def test_bad_requests_get_precise_statuses(client: Client) -> None:
+    cases = [
+        (dict(prompt=[5, 10**6]), grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+        (dict(prompt="hi", top_p=3.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+        (dict(prompt="hi", max_tokens=10**6), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+        (dict(prompt=[]), grpc.StatusCode.INVALID_ARGUMENT, "token_ids"),
+    ]
+    for kwargs, code, needle in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            client.complete(**kwargs)
+        assert err.value.code() == code and needle in err.value.details()
+
+
+def test_deadline_is_reported(client: Client) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        client.complete([5] * 50, max_tokens=500, ignore_eos=True, timeout=0.05)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_requests_survive_redis_going_away_and_the_index_refills(mesh: Mesh, client: Client) -> None:
+    port = mesh.redis_port
+    mesh.stop_redis()
+    try:
+        before = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest()).index_fallbacks
+        # At least one full block each, so every request asks the index.
+        prompts = [p + [9] * 16 for p in mixed_prompts(6, seed=51)]
+        outs = [client.complete(p, max_tokens=4, temperature=0) for p in prompts]
+        assert all(len(o.token_ids) == 4 for o in outs)
+        stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
+        assert stats.index_fallbacks - before == 6
+    finally:
+        mesh.start_redis(port)
+    r = redis.Redis(port=port)
+    deadline = time.monotonic() + 15
+    while not r.keys("pdmesh:blk:*") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert r.keys("pdmesh:blk:*"), "the prefill workers did not republish their prefix caches"
+    assert r.keys("pdmesh:hb:*")

@@ -202,6 +202,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_mesh(args: argparse.Namespace) -> int:
+    from pdmesh.bench.mesh import run_mesh_bench
+
+    run_mesh_bench(args)
+    return 0
+
+
 def _cmd_bench_engine(args: argparse.Namespace) -> int:
     from pdmesh.bench.engine import run_engine_bench
 
@@ -267,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
     beng.add_argument("--out", default="bench-results/engine.json")
     beng.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     beng.set_defaults(func=_cmd_bench_engine)
+    bmesh = bsub.add_parser("mesh", help="the mesh vs in-process, routing policies, transfer, index")
+    bmesh.add_argument("--model", required=True)
+    bmesh.add_argument("--dtype", default="float32")
+    bmesh.add_argument("--out", default="bench-results/mesh.json")
+    bmesh.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    bmesh.set_defaults(func=_cmd_bench_mesh)
     return parser
 
 

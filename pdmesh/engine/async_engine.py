@@ -1,9 +1,11 @@
 """``AsyncLLMEngine``: many concurrent ``generate`` streams over one engine loop.
 
-Adds and aborts from coroutines are queued and applied between steps by the loop task,
-which runs each ``step()`` on a worker thread (torch releases the GIL), so the event loop
-stays responsive while the model runs. Closing a ``generate`` iterator (client gone,
-task cancelled) aborts the request and frees its blocks.
+The loop task runs each ``step()`` on a worker thread (torch releases the GIL), so the
+event loop stays responsive while the model runs. Coroutines add requests and do hand-off
+bookkeeping directly under the engine's lock, which a step does not hold during its forward
+pass; only aborts wait for the step in flight to end, since they free blocks that step may
+be writing. Closing a ``generate`` iterator (client gone, task cancelled) aborts the request
+and frees its blocks.
 """
 
 from __future__ import annotations
@@ -21,19 +23,10 @@ from pdmesh.request import RequestOutput
 from pdmesh.sampling_params import SamplingParams
 
 
-class _Rejected:
-    """The engine refused a request at admission (validation)."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException | _Rejected]] = {}
-        self._pending_adds: list[tuple[str, Callable[[], None]]] = []
-        self._pending_calls: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._pending_aborts: list[str] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-step")
@@ -60,26 +53,27 @@ class AsyncLLMEngine:
             yield out
 
     async def stream(self, rid: str, start: Callable[[], None]) -> AsyncIterator[RequestOutput]:
-        """Run ``start`` between steps (it must put ``rid`` in the engine), then stream ``rid``.
+        """Run ``start`` (it must put ``rid`` in the engine), then stream ``rid``'s outputs.
 
-        The engine is only touched by the loop task; an error from ``start`` (validation)
-        comes back through the queue and is raised here, in the caller. Leaving early
-        aborts the request and frees its blocks.
+        An error from ``start`` (validation, capacity) is raised here, before anything is
+        streamed. Leaving early aborts the request and frees its blocks.
         """
         if rid in self._queues:
             raise InvalidRequestError("request_id", f"{rid!r} is already in flight")
         self._ensure_loop()
-        queue: asyncio.Queue[RequestOutput | BaseException | _Rejected] = asyncio.Queue()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[rid] = queue
-        self._pending_adds.append((rid, start))
+        try:
+            self.call(start)
+        except BaseException:
+            del self._queues[rid]
+            raise
+        self._dispatch(self.engine.take_ready_outputs())
         self._wake.set()
         finished = False
         try:
             while True:
                 item = await queue.get()
-                if isinstance(item, _Rejected):
-                    finished = True  # never entered the engine: nothing to abort
-                    raise item.error
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -89,19 +83,19 @@ class AsyncLLMEngine:
         finally:
             self._queues.pop(rid, None)
             if not finished:
-                self._pending_adds = [a for a in self._pending_adds if a[0] != rid]
-                self._pending_aborts.append(rid)
-                self._wake.set()
+                self.abort(rid)
 
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the engine between steps and return its result (or raise its error)."""
-        self._ensure_loop()
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending_calls.append((fn, future))
-        self._wake.set()
-        return await future
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine now, under its lock (not held during forward passes).
+
+        For bookkeeping only (add, reserve, commit, release, Info): it must not free blocks
+        a running step may write, which is why aborts go through ``abort`` instead.
+        """
+        with self.engine.lock:
+            return fn()
 
     def abort(self, request_id: str) -> None:
+        """Abort between steps (the step in flight may be writing the request's blocks)."""
         self._pending_aborts.append(request_id)
         self._wake.set()
 
@@ -112,12 +106,11 @@ class AsyncLLMEngine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            self._apply_adds()
-            self._apply_calls()
             self._apply_aborts()
+            self._dispatch(self.engine.take_ready_outputs())
             if not self.engine.has_unfinished_requests():
                 self._wake.clear()
-                if not (self._pending_adds or self._pending_calls or self._pending_aborts):
+                if not self._pending_aborts:
                     await self._wake.wait()
                 continue
             try:
@@ -127,36 +120,18 @@ class AsyncLLMEngine:
                     queue.put_nowait(exc)
                     self._pending_aborts.append(rid)
                 continue
-            for out in outputs:
-                queue = self._queues.get(out.request_id)
-                if queue is not None:
-                    queue.put_nowait(out)
+            self._dispatch(outputs)
 
-    def _apply_adds(self) -> None:
-        adds, self._pending_adds = self._pending_adds, []
-        for rid, start in adds:
-            queue = self._queues.get(rid)
-            if queue is None:
-                continue  # the caller went away before its request was added
-            try:
-                start()
-            except Exception as exc:
-                queue.put_nowait(_Rejected(exc))
-
-    def _apply_calls(self) -> None:
-        calls, self._pending_calls = self._pending_calls, []
-        for fn, future in calls:
-            if future.cancelled():
-                continue
-            try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            queue = self._queues.get(out.request_id)
+            if queue is not None:
+                queue.put_nowait(out)
 
     def _apply_aborts(self) -> None:
         aborts, self._pending_aborts = self._pending_aborts, []
         for rid in aborts:
-            with contextlib.suppress(KeyError):
+            with contextlib.suppress(KeyError), self.engine.lock:
                 self.engine.abort_request(rid)
 
     async def shutdown(self) -> None:

@@ -9,6 +9,7 @@ blocks, so a finished, failed or aborted request never keeps a KV block.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -76,6 +77,8 @@ class LLMEngine:
         self._to_render: dict[str, RequestState] = {}
         """Requests with output to emit that no model step produced (aborts, commits)."""
         self.handoff = KVHandoff(self)
+        self.lock = threading.RLock()
+        """Guards scheduler, pool and request state; not held during the forward pass."""
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -236,11 +239,25 @@ class LLMEngine:
 
     # -- the step ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One engine iteration. Holds ``lock`` except while the model runs, so hand-off
+        bookkeeping (reserve, commit, release, Info) from other threads never waits for a
+        forward pass; aborts still happen between steps (they free blocks being written)."""
+        with self.lock:
+            sched = self.scheduler.schedule()
+            prepared = self.runner.prepare(sched) if sched else None
+        result = self.runner.forward(prepared) if prepared is not None else None
+        with self.lock:
+            return self._finish_step(sched, result)
+
+    def take_ready_outputs(self) -> list[RequestOutput]:
+        """Outputs that need no model step (commits, aborts), without running one."""
+        with self.lock:
+            return self._finish_step(None, None)
+
+    def _finish_step(self, sched, result) -> list[RequestOutput]:  # type: ignore[no-untyped-def]
         touched, self._to_render = self._to_render, {}
-        sched = self.scheduler.schedule()
-        if sched:
+        if sched and result is not None:
             now = time.monotonic()
-            result = self.runner.execute(sched)
             for item in sched.scheduled:
                 self.kv.cache_blocks(item.seq)
             rows, seqs = self._expand_forks(result.sampling)

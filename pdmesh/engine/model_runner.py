@@ -34,6 +34,15 @@ class StepResult:
     """The sequences whose next token these rows produce, in row order."""
 
 
+@dataclass(slots=True)
+class PreparedStep:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_idx: torch.Tensor
+    sampling: list[Sequence]
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -59,12 +68,20 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput) -> StepResult:
+        return self.forward(self.prepare(out))
+
+    def prepare(self, out: SchedulerOutput) -> PreparedStep:
+        """Everything read from the block tables; needs the engine lock."""
         for copy in out.copies:
             self.kv_cache[copy.dst] = self.kv_cache[copy.src]
         items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
-        input_ids, positions, meta, logits_idx, sampling = self._prepare(items)
-        logits = self.model(input_ids, positions, self.kv_cache, meta, self.backend, logits_idx)
-        return StepResult(logits, sampling)
+        return PreparedStep(*self._prepare(items))
+
+    def forward(self, step: PreparedStep) -> StepResult:
+        """The model itself; touches only the blocks of scheduled sequences (no lock needed)."""
+        logits = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend,
+                            step.logits_idx)
+        return StepResult(logits, step.sampling)
 
     def _prepare(
         self, items: list[ScheduledSeq]

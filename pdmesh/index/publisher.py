@@ -43,10 +43,10 @@ class IndexPublisher:
     async def run(self, core: WorkerCore) -> None:
         last_beat = 0.0
         while True:
-            events = await core.aeng.call(core.engine.pool.take_events)
+            events = core.aeng.call(core.engine.pool.take_events)
             try:
                 if not self.synced:
-                    cached = await core.aeng.call(lambda: list(core.engine.pool.cached))
+                    cached = core.aeng.call(lambda: list(core.engine.pool.cached))
                     await self.snapshot(cached)
                 elif events:
                     await self.apply(events)

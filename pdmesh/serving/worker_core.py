@@ -36,6 +36,7 @@ _ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER
 @dataclass
 class Counters:
     kv_bytes_sent: int = 0
+    kv_transfer_seconds: float = 0.0
     expired_leases: int = 0
     computed_prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
@@ -100,6 +101,7 @@ class WorkerCore:
             computed_prompt_tokens=self.counters.computed_prompt_tokens,
             cached_prompt_tokens=self.counters.cached_prompt_tokens,
             kv_bytes_sent=self.counters.kv_bytes_sent, expired_leases=self.counters.expired_leases,
+            kv_transfer_seconds=self.counters.kv_transfer_seconds,
         )
 
     # -- KV transfer ------------------------------------------------------------------
@@ -123,6 +125,7 @@ class WorkerCore:
                        timeout: float) -> int:
         """Write blocks to ``peer`` and wait until DONE; returns bytes moved."""
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         try:
             handle = self.transport.write(peer, src, dst, notif)
         except Exception as exc:
@@ -139,6 +142,7 @@ class WorkerCore:
                 if state is TransferState.DONE:
                     moved = len(src) * self.transport.block_bytes
                     self.counters.kv_bytes_sent += moved
+                    self.counters.kv_transfer_seconds += time.perf_counter() - started
                     return moved
                 if state is TransferState.FAILED:
                     self.transport.remove_peer(peer)

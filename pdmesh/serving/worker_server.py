@@ -19,7 +19,7 @@ class WorkerInfoServicer(worker_pb2_grpc.WorkerServicer):
         self.core = core
 
     async def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:  # noqa: N802
-        return await self.core.aeng.call(self.core.info)
+        return self.core.aeng.call(self.core.info)
 
 
 async def serve_worker(cfg: WorkerConfig) -> None:

@@ -50,7 +50,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         rid = request.request_id
         params = self._params(request)
         ids = list(request.prompt_token_ids)
-        res = await core.aeng.call(lambda: core.engine.handoff.reserve(rid, ids, params))
+        res = core.aeng.call(lambda: core.engine.handoff.reserve(rid, ids, params))
         expiry = now_ms() + (request.lease_ms or core.cfg.lease_ms)
         transfer_id = f"{rid}/{uuid.uuid4().hex[:8]}"
         self._leases[rid] = expiry
@@ -75,7 +75,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     async def _release(self, rid: str) -> bool:
         self._leases.pop(rid, None)
         self._transfer_ids.pop(rid, None)
-        return bool(await self.core.aeng.call(lambda: self.core.engine.handoff.release(rid)))
+        return bool(self.core.aeng.call(lambda: self.core.engine.handoff.release(rid)))
 
     async def reap_leases(self, interval: float = 0.1) -> None:
         """Free reservations whose KV never came (prefill died, router went away)."""

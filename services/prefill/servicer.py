@@ -46,7 +46,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             raise RuntimeError(f"prefill of {rid} produced no token")
         computed_at = time.perf_counter()
         try:
-            held = await core.aeng.call(lambda: core.engine.handoff.held_block_ids(rid))
+            held = core.aeng.call(lambda: core.engine.handoff.held_block_ids(rid))
             src = held[dest.first_block : dest.first_block + len(dest.block_ids)]
             moved = 0
             if src:
@@ -55,7 +55,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                     timeout=min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
                 )
         finally:
-            await core.aeng.call(lambda: core.engine.handoff.release(rid))
+            core.aeng.call(lambda: core.engine.handoff.release(rid))
         done = time.perf_counter()
         comp = final.outputs[0]
         cached = final.metrics.num_cached_tokens

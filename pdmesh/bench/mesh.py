@@ -1,0 +1,284 @@
+"""``pdmesh bench mesh``: the mesh against the in-process engine, routing policies, transfer, index.
+
+All in one run on this machine, so ratios are what to read:
+1. the same workload through the mesh (1 prefill + 1 decode) and in process: output
+   throughput ratio and the TTFT the mesh adds (p50 / p90);
+2. ``cache_aware`` vs ``round_robin`` with 2 prefill workers on shared-prefix traffic
+   (groups x prompts with a long shared prefix; prefill pools sized so that one worker can
+   hold half the prefixes): prefix-cache hit rate and TTFT p90;
+3. KV transfer throughput inside the mesh (bytes / seconds of writes) vs raw NIXL between
+   two processes for blocks of the same size;
+4. router decisions per second and Redis index lookup latency with 1M blocks indexed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import platform
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pdmesh.launcher import Mesh, MeshSpec
+
+
+@dataclass
+class Row:
+    section: str
+    metric: str
+    value: float
+    baseline: float | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        return self.value / self.baseline if self.baseline else None
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _mesh_workload(address: str, prompts: list[list[int]], max_tokens: int, concurrency: int
+                   ) -> dict[str, float]:
+    from pdmesh.client import Client
+
+    ttfts: list[float] = []
+    tokens = [0]
+    cached = [0]
+    lock = threading.Lock()
+
+    def one(p: list[int]) -> None:
+        with Client(address) as c:
+            t0 = time.monotonic()
+            first = None
+            n = 0
+            for resp in c.generate(p, max_tokens=max_tokens, temperature=0, ignore_eos=True):
+                if first is None and resp.token_ids:
+                    first = time.monotonic() - t0
+                n += len(resp.token_ids)
+                if resp.finish_reason:
+                    with lock:
+                        cached[0] += resp.usage.cached_tokens
+            with lock:
+                ttfts.append(first or 0.0)
+                tokens[0] += n
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, prompts))
+    seconds = time.monotonic() - start
+    return {"tok_s": tokens[0] / seconds, "ttft_p50": _pct(ttfts, 0.5), "ttft_p90": _pct(ttfts, 0.9),
+            "hit_rate": cached[0] / sum(len(p) for p in prompts)}
+
+
+def _in_process(model: str, dtype: str, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    from pdmesh.bench.engine import _run_engine
+    from pdmesh.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_model(model, dtype=dtype)
+    _run_engine(engine, prompts[:2], 2)  # warm-up
+    engine.pool.reset_prefix_cache()
+    res = _run_engine(engine, prompts, max_tokens)
+    return {"tok_s": res["output_tokens"] / res["seconds"], "ttft_p50": res["ttft_p50"],
+            "ttft_p90": res["ttft_p90"]}
+
+
+def _worker_args(dtype: str, num_blocks: int) -> list[str]:
+    return ["--dtype", dtype, "--num-blocks", str(num_blocks)]
+
+
+def _prefill_infos(mesh: Mesh) -> list:  # type: ignore[type-arg]
+    import grpc
+
+    from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+
+    out = []
+    for p in mesh.prefill:
+        with grpc.insecure_channel(p.address) as ch:
+            out.append(worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5))
+    return out
+
+
+def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
+    n, plen, out = (8, 64, 8) if args.quick else (32, 256, 32)
+    prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
+    local = _in_process(args.model, args.dtype, prompts, out)
+    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args.dtype, 2048))
+    with Mesh(spec) as mesh:
+        _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
+        remote = _mesh_workload(mesh.router_address, prompts, out, n)
+        infos = _prefill_infos(mesh)
+    label = f"{n} x {plen} in + {out} out, all at once"
+    rows.append(Row("mesh vs in-process", f"output tok/s ({label})", remote["tok_s"], local["tok_s"]))
+    rows.append(Row("mesh vs in-process", "TTFT p50 added (ms)", 1000 * (remote["ttft_p50"] - local["ttft_p50"])))
+    rows.append(Row("mesh vs in-process", "TTFT p90 added (ms)", 1000 * (remote["ttft_p90"] - local["ttft_p90"])))
+    sent = sum(i.kv_bytes_sent for i in infos)
+    secs = sum(i.kv_transfer_seconds for i in infos)
+    rows.append(Row("kv transfer", "mesh KV write GiB/s (per-request writes)", sent / max(secs, 1e-9) / 2**30,
+                    note=f"{sent / 2**20:.1f} MiB in {secs:.3f} s"))
+    rows.append(Row("kv transfer", "raw NIXL GiB/s (same block size, 2 processes)",
+                    _raw_nixl(infos[0].kv_block_bytes, 512 if not args.quick else 64)))
+    rows[-2].baseline = rows[-1].value
+
+
+def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
+    groups, per, prefix_len = (4, 4, 256) if args.quick else (8, 8, 1024)
+    prefixes = [[rng.randrange(10, 1000) for _ in range(prefix_len)] for _ in range(groups)]
+    prompts = [prefixes[g] + [rng.randrange(10, 1000) for _ in range(32)] for _ in range(per) for g in range(groups)]
+    # A prefill pool that holds about half the groups' prefixes.
+    blocks = (groups // 2) * (prefix_len // 16) + 64
+    results = {}
+    for policy in ("cache_aware", "round_robin"):
+        spec = MeshSpec(model=args.model, prefill=2, decode=1,
+                        worker_args=_worker_args(args.dtype, 4096), prefill_args=["--num-blocks", str(blocks)],
+                        router_args=["--prefill-policy", policy, "--info-interval-s", "0.2"])
+        with Mesh(spec) as mesh:
+            results[policy] = _mesh_workload(mesh.router_address, prompts, 4, groups)
+    ca, rr = results["cache_aware"], results["round_robin"]
+    label = f"{groups} groups x {per}, {prefix_len}-token prefix, 2 prefill"
+    rows.append(Row("routing: cache_aware vs round_robin", f"hit rate ({label})", ca["hit_rate"], rr["hit_rate"]))
+    rows.append(Row("routing: cache_aware vs round_robin", "TTFT p90 s (round_robin / cache_aware)",
+                    rr["ttft_p90"], ca["ttft_p90"]))
+
+
+def _raw_nixl_receiver(conn, block_bytes: int, blocks: int) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from pdmesh.kv.transfer.nixl import NixlTransport
+
+    buf = torch.zeros(blocks, block_bytes // 4)
+    t = NixlTransport("raw-dst", buf)
+    conn.send((t.metadata(), t.base_addr))
+    conn.recv()
+    t.close()
+
+
+def _raw_nixl(block_bytes: int, blocks: int) -> float:
+    import torch
+
+    from pdmesh.kv.transfer.base import PeerLayout, TransferState
+    from pdmesh.kv.transfer.nixl import NixlTransport
+
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_raw_nixl_receiver, args=(there, block_bytes, blocks))
+    proc.start()
+    meta, base = here.recv()
+    src = NixlTransport("raw-src", torch.randn(blocks, block_bytes // 4))
+    src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, blocks))
+    ids = list(range(blocks))
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        h = src.write("raw-dst", ids, ids, b"raw")
+        while src.poll(h) is TransferState.PENDING:
+            pass
+        best = max(best, blocks * block_bytes / (time.perf_counter() - t0) / 2**30)
+        src.release(h)
+    src.close()
+    here.send("done")
+    proc.join(30)
+    return best
+
+
+def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
+    import redis
+
+    from pdmesh.index import keys
+    from pdmesh.index.lookup import PrefixIndex
+    from pdmesh.kv.block_hash import BlockHasher
+
+    n_blocks = 20_000 if args.quick else 1_000_000
+    chain = 64
+    mesh = Mesh(MeshSpec(model=args.model))
+    mesh.start_redis()
+    try:
+        r = redis.Redis(port=mesh.redis_port)
+        hasher = BlockHasher(16)
+        chains = []
+        pipe = r.pipeline(transaction=False)
+        for c in range(n_blocks // chain):
+            hashes = hasher.hash_tokens([c] * 16 + list(range(16 * chain - 16)))
+            chains.append(hashes)
+            member = keys.member(f"prefill-{c % 4}", "e0")
+            for h in hashes:
+                pipe.sadd(keys.block_key(h), member)
+            if c % 50 == 0:
+                pipe.execute()
+        pipe.execute()
+        index = PrefixIndex(mesh.redis_url, timeout=2.0)
+
+        async def lookups() -> list[float]:
+            lat = []
+            for _ in range(2000 if not args.quick else 200):
+                hashes = rng.choice(chains)[: rng.randrange(1, chain + 1)]
+                t0 = time.perf_counter()
+                await index.longest_prefix(hashes)
+                lat.append(time.perf_counter() - t0)
+            return lat
+
+        lat = asyncio.run(lookups())
+        rows.append(Row("index", f"lookup p50 ms ({n_blocks:,} blocks indexed, chains <= {chain})", 1000 * _pct(lat, 0.5)))
+        rows.append(Row("index", "lookup p99 ms", 1000 * _pct(lat, 0.99)))
+        rows.append(Row("router", "decisions/s (tokenize-free: hash + index + cache_aware)",
+                        asyncio.run(_decisions_per_second(args, mesh.redis_url, 1000 if not args.quick else 100))))
+    finally:
+        mesh.stop_redis()
+
+
+async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int) -> float:
+    from pdmesh.index.lookup import PrefixIndex
+    from pdmesh.v1 import worker_pb2
+    from services.router.config import RouterConfig
+    from services.router.registry import Registry
+    from services.router.servicer import RouterCore
+
+    cfg = RouterConfig(model=args.model, prefill=("a:1", "b:1"), redis_url=redis_url)
+    registry = Registry(cfg)
+    for i, w in enumerate(registry.workers):
+        w.info = worker_pb2.WorkerInfo(worker_id=f"prefill-{i}", epoch="e0")
+        w.healthy = True
+    core = RouterCore(cfg, registry, PrefixIndex(redis_url))
+    from pdmesh.sampling_params import SamplingParams
+
+    prompts = [[random.randrange(10, 1000) for _ in range(512)] for _ in range(16)]
+    params = SamplingParams()
+    t0 = time.perf_counter()
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await core.route_prefill(prompts[i % 16], params, set())
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def run_mesh_bench(args: argparse.Namespace) -> list[Row]:
+    rng = random.Random(0)
+    rows: list[Row] = []
+    bench_vs_engine(args, rows, rng)
+    bench_policies(args, rows, rng)
+    bench_index(args, rows, rng)
+    print(f"\npdmesh bench mesh — model {args.model}, dtype {args.dtype}")
+    print(f"{'section':<36} {'metric':<62} {'value':>10} {'baseline':>10} {'ratio':>7}")
+    for r in rows:
+        base = f"{r.baseline:10.3f}" if r.baseline is not None else f"{'—':>10}"
+        ratio = f"{r.ratio:6.2f}x" if r.ratio is not None else ""
+        print(f"{r.section:<36} {r.metric:<62} {r.value:10.3f} {base} {ratio:>7} {r.note}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "bench": "mesh", "model": args.model, "dtype": args.dtype, "quick": bool(args.quick),
+        "machine": platform.machine(), "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+    }, indent=2) + "\n")
+    print(f"wrote {out}")
+    return rows

@@ -168,6 +168,13 @@ def _cmd_router(args: argparse.Namespace) -> int:
     return _run_service(serve_router, _service_config(args, RouterConfig, "PDMESH_ROUTER_"))
 
 
+def _cmd_kvstore(args: argparse.Namespace) -> int:
+    from services.kvstore.config import KVStoreConfig
+    from services.kvstore.servicer import serve_kvstore
+
+    return _run_service(serve_kvstore, _service_config(args, KVStoreConfig, "PDMESH_KVSTORE_"))
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -177,7 +184,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     worker_args = ["--dtype", args.dtype, "--block-size", str(args.block_size)]
     if args.num_blocks:
         worker_args += ["--num-blocks", str(args.num_blocks)]
-    spec = MeshSpec(model=args.model, prefill=args.prefill, decode=args.decode, port=args.port,
+    spec = MeshSpec(model=args.model, prefill=args.prefill, decode=args.decode, kvstore=args.kvstore,
+                    port=args.port,
                     redis_url=args.redis_url or "", worker_args=worker_args,
                     router_args=["--block-size", str(args.block_size)], log_dir=args.log_dir or "")
     stop = threading.Event()
@@ -189,7 +197,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     mesh.start()
     try:
         print(f"{'redis':<10} {mesh.redis_url}")
-        for p in [*mesh.prefill, *mesh.decode]:
+        for p in [*mesh.kvstore, *mesh.prefill, *mesh.decode]:
             print(f"{p.name:<10} {p.address}")
         print(f"{'router':<10} {mesh.router_address}")
         print(f"pdmesh mesh ready: router on {mesh.router_address}", flush=True)
@@ -250,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
         w = sub.add_parser(role, help=f"run a {role} worker")
         _add_config_flags(w, WorkerConfig)
         w.set_defaults(func=_cmd_worker(role))
+    from services.kvstore.config import KVStoreConfig
+
+    kv = sub.add_parser("kvstore", help="run the shared CPU-memory KV-block tier")
+    _add_config_flags(kv, KVStoreConfig)
+    kv.set_defaults(func=_cmd_kvstore)
     r = sub.add_parser("router", help="run the router")
     _add_config_flags(r, RouterConfig)
     r.set_defaults(func=_cmd_router)
@@ -258,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", required=True)
     up.add_argument("--prefill", type=int, default=1)
     up.add_argument("--decode", type=int, default=1)
+    up.add_argument("--kvstore", type=int, default=1, choices=[0, 1], help="start the kvstore tier")
     up.add_argument("--port", type=int, default=50051, help="router port")
     up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one")
     up.add_argument("--dtype", default="float32")

@@ -28,6 +28,8 @@ class MeshSpec:
     model: str
     prefill: int = 2
     decode: int = 1
+    kvstore: int = 0
+    """0 or 1: start the shared CPU-memory KV tier and point the prefill workers at it."""
     port: int = 0
     """Router port (0 = any free port)."""
     redis_url: str = ""
@@ -78,6 +80,7 @@ class Mesh:
         self.redis_port = 0
         self.prefill: list[Proc] = []
         self.decode: list[Proc] = []
+        self.kvstore: list[Proc] = []
         self.router: Proc | None = None
 
     @property
@@ -95,6 +98,12 @@ class Mesh:
         try:
             if not self.spec.redis_url:
                 self.start_redis()
+            if self.spec.kvstore:
+                store = self._spawn("kvstore-0", [
+                    "kvstore", "--model", self.spec.model, "--redis-url", self.redis_url,
+                    *self._port_args("kvstore-0"), *_layout_args(self.spec.worker_args)])
+                self.kvstore.append(store)
+                self._await_ready(store)
             pending = [self._spawn_worker("prefill", i) for i in range(self.spec.prefill)]
             pending += [self._spawn_worker("decode", i) for i in range(self.spec.decode)]
             for proc in pending:
@@ -144,8 +153,15 @@ class Mesh:
         extra = self.spec.prefill_args if role == "prefill" else self.spec.decode_args
         args = [role, "--model", self.spec.model, "--worker-id", name, *self._port_args(name),
                 *self.spec.worker_args, *extra]
+        if "--threads" not in args:
+            # Workers share this machine's cores: oversubscribed OpenMP threads spin against
+            # each other, so give each worker its share.
+            share = max(1, (os.cpu_count() or 1) // max(1, self.spec.prefill + self.spec.decode))
+            args += ["--threads", str(share)]
         if role == "prefill":
             args += ["--redis-url", self.redis_url]
+            if self.kvstore:
+                args += ["--kvstore", self.kvstore[0].address]
         proc = self._spawn(name, args)
         (self.prefill if role == "prefill" else self.decode).append(proc)
         return proc
@@ -176,10 +192,10 @@ class Mesh:
 
     # -- stop -------------------------------------------------------------------------
     def stop(self, grace: float = 15.0) -> None:
-        procs = [p for p in [self.router, *self.prefill, *self.decode] if p is not None]
+        procs = [p for p in [self.router, *self.prefill, *self.decode, *self.kvstore] if p is not None]
         _terminate(procs, grace)
         self.router = None
-        self.prefill, self.decode = [], []
+        self.prefill, self.decode, self.kvstore = [], [], []
         self.stop_redis()
 
     def kill(self, proc: Proc) -> None:
@@ -192,6 +208,15 @@ class Mesh:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _layout_args(worker_args: list[str]) -> list[str]:
+    """The worker flags that fix the KV block layout, which the kvstore must share."""
+    out = []
+    for flag in ("--dtype", "--block-size", "--hash-seed", "--hash-algorithm"):
+        if flag in worker_args:
+            out += [flag, worker_args[worker_args.index(flag) + 1]]
+    return out
 
 
 def _serving(address: str) -> bool:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pdmesh.errors import CapacityError, UnknownRequestError
+from pdmesh.kv.block_hash import BlockHash
+from pdmesh.kv.free_queue import KVBlock
 from pdmesh.request import Sequence, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
 
@@ -93,6 +95,27 @@ class KVHandoff:
         if seq is None:
             raise UnknownRequestError(request_id)
         return self.engine.kv.block_ids(seq)
+
+    def offload_plan(self, request_id: str) -> tuple[list[bytes], list[int]]:
+        """Hashes and block ids of the held prompt's full blocks (for the kvstore)."""
+        seq = self.held.get(request_id)
+        if seq is None:
+            raise UnknownRequestError(request_id)
+        n = seq.prompt_len // self.engine.kv.block_size
+        self.engine.kv.ensure_hashes(seq, n)
+        return list(seq.block_hashes[:n]), self.engine.kv.block_ids(seq)[:n]
+
+    # -- importing blocks from the kvstore --------------------------------------------
+    def import_start(self, n: int) -> list[KVBlock] | None:
+        """Take ``n`` blocks to read fetched KV into (None when the pool has no room)."""
+        return self.engine.pool.get_new_blocks(n)
+
+    def import_finish(self, blocks: list[KVBlock], hashes: list[BlockHash],
+                      token_chunks: list[list[int]], parent: BlockHash | None, ok: bool) -> None:
+        """Register fetched blocks as prefix cache (if the read succeeded) and free them."""
+        if ok:
+            self.engine.pool.cache_blocks(blocks, hashes, token_chunks, parent)
+        self.engine.pool.free_blocks(reversed(blocks))
 
     # -- both -------------------------------------------------------------------------
     def release(self, request_id: str) -> bool:

@@ -12,16 +12,13 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pdmesh.index import keys
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-
-if TYPE_CHECKING:
-    from pdmesh.serving.worker_core import WorkerCore
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +37,15 @@ class IndexPublisher:
         self.synced = False
         self.failures = 0
 
-    async def run(self, core: WorkerCore) -> None:
+    async def run(self, take_events: Callable[[], list[KVEvent]],
+                  cached_hashes: Callable[[], list[bytes]]) -> None:
+        """Publish forever: ``take_events`` drains new events, ``cached_hashes`` snapshots."""
         last_beat = 0.0
         while True:
-            events = core.aeng.call(core.engine.pool.take_events)
+            events = take_events()
             try:
                 if not self.synced:
-                    cached = core.aeng.call(lambda: list(core.engine.pool.cached))
-                    await self.snapshot(cached)
+                    await self.snapshot(cached_hashes())
                 elif events:
                     await self.apply(events)
                 if time.monotonic() - last_beat > 0.5:

@@ -50,7 +50,7 @@ class KVCacheManager:
     def stats(self) -> BlockPoolStats:
         return self.pool.stats()
 
-    def _ensure_hashes(self, seq: Sequence, num_blocks: int) -> None:
+    def ensure_hashes(self, seq: Sequence, num_blocks: int) -> None:
         have = len(seq.block_hashes)
         if have >= num_blocks:
             return
@@ -79,7 +79,7 @@ class KVCacheManager:
             return []
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
-        self._ensure_hashes(seq, max_blocks)
+        self.ensure_hashes(seq, max_blocks)
         hits: list[KVBlock] = []
         for i in range(max_blocks):
             block = self.pool.lookup(seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
@@ -154,7 +154,7 @@ class KVCacheManager:
         done = self._num_registered.get(seq.seq_id, 0)
         if num_full <= done:
             return
-        self._ensure_hashes(seq, num_full)
+        self.ensure_hashes(seq, num_full)
         self.pool.cache_blocks(
             blocks[done:num_full],
             seq.block_hashes[done:num_full],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from pdmesh.rpc.server import CHANNEL_OPTIONS
-from pdmesh.v1 import worker_pb2_grpc
+from pdmesh.v1 import kvstore_pb2_grpc, worker_pb2_grpc
 
 _channels: dict[str, grpc.aio.Channel] = {}
 
@@ -29,6 +29,10 @@ def prefill_stub(address: str) -> worker_pb2_grpc.PrefillStub:
 
 def decode_stub(address: str) -> worker_pb2_grpc.DecodeStub:
     return worker_pb2_grpc.DecodeStub(channel(address))
+
+
+def kvstore_stub(address: str) -> kvstore_pb2_grpc.KVStoreStub:
+    return kvstore_pb2_grpc.KVStoreStub(channel(address))
 
 
 async def close_all() -> None:

@@ -34,6 +34,8 @@ class WorkerConfig:
     """torch intra-op threads (0 = torch's default)."""
     redis_url: str = ""
     """Publish prefix-cache events here (prefill workers); empty = no index."""
+    kvstore: str = ""
+    """Address of the kvstore tier (prefill workers offload to and fetch from it)."""
     lease_ms: int = 30000
     """Default lifetime of a decode reservation whose KV has not arrived."""
     transfer_timeout_s: float = 30.0

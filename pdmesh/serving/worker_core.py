@@ -25,7 +25,8 @@ from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.kv.transfer.base import PeerLayout, TransferState
 from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.rpc.status import TransferFailedError
-from pdmesh.serving.clients import worker_stub
+from pdmesh.errors import IncompatibleWorkerError
+from pdmesh.serving.clients import kvstore_stub, worker_stub
 from pdmesh.serving.worker_config import WorkerConfig
 from pdmesh.v1 import worker_pb2
 
@@ -37,6 +38,8 @@ _ROLES = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER
 class Counters:
     kv_bytes_sent: int = 0
     kv_transfer_seconds: float = 0.0
+    kvstore_fetched_tokens: int = 0
+    kvstore_offloaded_blocks: int = 0
     expired_leases: int = 0
     computed_prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
@@ -102,19 +105,20 @@ class WorkerCore:
             cached_prompt_tokens=self.counters.cached_prompt_tokens,
             kv_bytes_sent=self.counters.kv_bytes_sent, expired_leases=self.counters.expired_leases,
             kv_transfer_seconds=self.counters.kv_transfer_seconds,
+            kvstore_fetched_tokens=self.counters.kvstore_fetched_tokens,
+            kvstore_offloaded_blocks=self.counters.kvstore_offloaded_blocks,
         )
 
     # -- KV transfer ------------------------------------------------------------------
-    async def ensure_peer(self, worker_id: str, address: str, timeout: float) -> None:
-        """Connect NIXL to a decode worker the first time (or after it restarted)."""
+    async def ensure_peer(self, worker_id: str, address: str, timeout: float, kvstore: bool = False) -> None:
+        """Connect NIXL to a decode worker or the kvstore the first time (or after a restart)."""
         if self.transport.has_peer(worker_id):
             return
-        info = await worker_stub(address).Info(worker_pb2.InfoRequest(), timeout=timeout)
+        stub = kvstore_stub(address) if kvstore else worker_stub(address)
+        info = await stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
         if info.compat_hash != self.compat:
-            from pdmesh.errors import IncompatibleWorkerError
-
             raise IncompatibleWorkerError(
-                f"decode worker {worker_id} has compat {info.compat_hash}, this prefill worker {self.compat}"
+                f"{info.worker_id} has compat {info.compat_hash}, this prefill worker {self.compat}"
             )
         self.transport.add_peer(PeerLayout(
             info.worker_id, info.nixl_metadata, info.kv_base_addr, info.kv_block_bytes,
@@ -123,14 +127,31 @@ class WorkerCore:
 
     async def write_kv(self, peer: str, src: list[int], dst: list[int], notif: bytes,
                        timeout: float) -> int:
-        """Write blocks to ``peer`` and wait until DONE; returns bytes moved."""
-        loop = asyncio.get_running_loop()
+        """Write local blocks into ``peer``'s and wait until DONE; returns bytes moved."""
         started = time.perf_counter()
+        moved = await self._transfer(peer, lambda: self.transport.write(peer, src, dst, notif),
+                                     len(src), timeout, "write")
+        self.counters.kv_bytes_sent += moved
+        self.counters.kv_transfer_seconds += time.perf_counter() - started
+        return moved
+
+    async def write_kv_untracked(self, peer: str, src: list[int], dst: list[int], timeout: float) -> int:
+        """A write that is not decode-bound KV (kvstore offload): not in the transfer counters."""
+        return await self._transfer(peer, lambda: self.transport.write(peer, src, dst, b""),
+                                    len(src), timeout, "offload")
+
+    async def read_kv(self, peer: str, local: list[int], remote: list[int], timeout: float) -> int:
+        """Read ``peer``'s blocks into local blocks and wait until DONE; returns bytes moved."""
+        return await self._transfer(peer, lambda: self.transport.read(peer, local, remote),
+                                    len(local), timeout, "read")
+
+    async def _transfer(self, peer: str, start, blocks: int, timeout: float, what: str) -> int:  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
         try:
-            handle = self.transport.write(peer, src, dst, notif)
+            handle = start()
         except Exception as exc:
             self.transport.remove_peer(peer)
-            raise TransferFailedError(f"KV write to {peer} could not start: {exc}") from exc
+            raise TransferFailedError(f"KV {what} with {peer} could not start: {exc}") from exc
         deadline = loop.time() + timeout
         try:
             while True:
@@ -138,17 +159,14 @@ class WorkerCore:
                     state = self.transport.poll(handle)
                 except Exception as exc:
                     state = TransferState.FAILED
-                    log.warning("KV write to %s failed: %s", peer, exc)
+                    log.warning("KV %s with %s failed: %s", what, peer, exc)
                 if state is TransferState.DONE:
-                    moved = len(src) * self.transport.block_bytes
-                    self.counters.kv_bytes_sent += moved
-                    self.counters.kv_transfer_seconds += time.perf_counter() - started
-                    return moved
+                    return blocks * self.transport.block_bytes
                 if state is TransferState.FAILED:
                     self.transport.remove_peer(peer)
-                    raise TransferFailedError(f"KV write to {peer} failed (peer gone?)")
+                    raise TransferFailedError(f"KV {what} with {peer} failed (peer gone?)")
                 if loop.time() > deadline:
-                    raise TransferFailedError(f"KV write to {peer} did not finish within {timeout:.1f}s")
+                    raise TransferFailedError(f"KV {what} with {peer} did not finish within {timeout:.1f}s")
                 await asyncio.sleep(0.0005)
         finally:
             self.transport.release(handle)

@@ -38,7 +38,10 @@ async def serve_worker(cfg: WorkerConfig) -> None:
             from pdmesh.index.publisher import IndexPublisher
 
             publisher = IndexPublisher(cfg.redis_url, core.worker_id, core.epoch, core.address)
-            tasks.append(asyncio.create_task(publisher.run(core)))
+            tasks.append(asyncio.create_task(publisher.run(
+                lambda: core.aeng.call(core.engine.pool.take_events),
+                lambda: core.aeng.call(lambda: list(core.engine.pool.cached)),
+            )))
     else:
         decode = DecodeServicer(core)
         worker_pb2_grpc.add_DecodeServicer_to_server(decode, server)

@@ -14,16 +14,18 @@ class WorkerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_ROLE_UNSPECIFIED: _ClassVar[WorkerRole]
     WORKER_ROLE_PREFILL: _ClassVar[WorkerRole]
     WORKER_ROLE_DECODE: _ClassVar[WorkerRole]
+    WORKER_ROLE_KVSTORE: _ClassVar[WorkerRole]
 WORKER_ROLE_UNSPECIFIED: WorkerRole
 WORKER_ROLE_PREFILL: WorkerRole
 WORKER_ROLE_DECODE: WorkerRole
+WORKER_ROLE_KVSTORE: WorkerRole
 
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model", "dtype", "block_size", "hash_algorithm", "hash_seed", "num_blocks", "free_blocks", "num_running", "num_waiting", "nixl_metadata", "kv_base_addr", "kv_block_bytes", "epoch", "compat_hash", "kv_mem_type", "kv_device_id", "used_blocks", "cached_blocks", "num_handoffs", "computed_prompt_tokens", "cached_prompt_tokens", "kv_bytes_sent", "expired_leases", "kv_transfer_seconds")
+    __slots__ = ("worker_id", "role", "model", "dtype", "block_size", "hash_algorithm", "hash_seed", "num_blocks", "free_blocks", "num_running", "num_waiting", "nixl_metadata", "kv_base_addr", "kv_block_bytes", "epoch", "compat_hash", "kv_mem_type", "kv_device_id", "used_blocks", "cached_blocks", "num_handoffs", "computed_prompt_tokens", "cached_prompt_tokens", "kv_bytes_sent", "expired_leases", "kv_transfer_seconds", "kvstore_fetched_tokens", "kvstore_offloaded_blocks")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +52,8 @@ class WorkerInfo(_message.Message):
     KV_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_LEASES_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KVSTORE_FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KVSTORE_OFFLOADED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: WorkerRole
     model: str
@@ -76,7 +80,9 @@ class WorkerInfo(_message.Message):
     kv_bytes_sent: int
     expired_leases: int
     kv_transfer_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ...) -> None: ...
+    kvstore_fetched_tokens: int
+    kvstore_offloaded_blocks: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., kvstore_fetched_tokens: _Optional[int] = ..., kvstore_offloaded_blocks: _Optional[int] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms")

@@ -6,12 +6,17 @@ Request lifecycle (one ``Prefill`` call):
   3. held       — the engine keeps the prompt's blocks (``hold_kv``) instead of freeing them;
   4. writing    — NIXL WRITEs the blocks the decode worker lacks into its reservation, with
                   the transfer id as notification; polled against a deadline;
-  5. released   — the held blocks are freed (they stay in this worker's prefix cache),
-                  whether the write succeeded, failed or the caller went away.
+  5. offloaded  — with a kvstore, the prompt's full blocks it lacks are copied there in the
+                  background (the response does not wait);
+  6. released   — the held blocks are freed (they stay in this worker's prefix cache),
+                  whether the writes succeeded, failed or the caller went away.
+Before 1, with a kvstore, leading blocks this worker lacks but the store holds are read
+into local blocks, so the prefill starts from them instead of recomputing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -19,11 +24,14 @@ import grpc
 from pdmesh.rpc.convert import logprob_to_proto, sampling_from_proto
 from pdmesh.serving.worker_core import WorkerCore, remaining
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from services.prefill.kvstore_tier import KVStoreTier
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
+        self.tier = KVStoreTier(core, core.cfg.kvstore) if core.cfg.kvstore else None
+        self._background: set[asyncio.Task[None]] = set()
 
     async def Prefill(  # noqa: N802 (gRPC method name)
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
@@ -39,12 +47,16 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         )
         rid = request.request_id
         start = time.perf_counter()
+        ids = list(request.prompt_token_ids)
+        if self.tier is not None:
+            await self.tier.fetch(ids, params)
         final = None
-        async for out in core.aeng.generate(list(request.prompt_token_ids), params, rid, hold_kv=True):
+        async for out in core.aeng.generate(ids, params, rid, hold_kv=True):
             final = out
         if final is None or not final.outputs:
             raise RuntimeError(f"prefill of {rid} produced no token")
         computed_at = time.perf_counter()
+        offloading = False
         try:
             held = core.aeng.call(lambda: core.engine.handoff.held_block_ids(rid))
             src = held[dest.first_block : dest.first_block + len(dest.block_ids)]
@@ -54,8 +66,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                     dest.worker_id, src, list(dest.block_ids), dest.transfer_id.encode(),
                     timeout=min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
                 )
+            if self.tier is not None:
+                task = asyncio.create_task(self._offload_then_release(rid))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                offloading = True
         finally:
-            core.aeng.call(lambda: core.engine.handoff.release(rid))
+            if not offloading:
+                core.aeng.call(lambda: core.engine.handoff.release(rid))
         done = time.perf_counter()
         comp = final.outputs[0]
         cached = final.metrics.num_cached_tokens
@@ -69,3 +87,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if comp.logprobs:
             resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
         return resp
+
+    async def _offload_then_release(self, rid: str) -> None:
+        try:
+            if self.tier is not None:
+                await self.tier.offload(rid)
+        finally:
+            self.core.aeng.call(lambda: self.core.engine.handoff.release(rid))

@@ -34,6 +34,9 @@ class RouterConfig:
     """cache_aware: value of one cached prompt token ..."""
     load_weight: float = 64.0
     """... against one request in flight on a worker."""
+    kvstore_weight: float = 0.8
+    """cache_aware: a block in the kvstore tier is worth this fraction of one cached locally
+    (any prefill worker can fetch it, at the cost of a transfer)."""
     balance_threshold: int = 8
     """cache_aware imbalance guard: when in-flight counts differ by more, pick the least loaded."""
     info_interval_s: float = 0.5

@@ -39,6 +39,7 @@ from pdmesh.tokenizer import Tokenizer
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc, worker_pb2
 from services.router.config import RouterConfig
 from services.router.policies import Decision, RouteContext, build_policy
+from services.router.recent import RecentRoutes
 from services.router.registry import Registry, WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class RouterCore:
         self.index_fallbacks = 0
         self.prefill_retries = 0
         self.inflight: dict[str, asyncio.Task[object]] = {}
+        self.recent = RecentRoutes()
 
     # -- admission --------------------------------------------------------------------
     def prompt_ids(self, request: generate_pb2.GenerateRequest) -> list[int]:
@@ -98,23 +100,32 @@ class RouterCore:
             return None
         hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
-        matched = await self._matched(hashes, candidates)
-        return self.prefill_policy.choose(
-            candidates, RouteContext(hashes, key, matched, self.cfg.block_size)
+        matched, tier = await self._matched(hashes, candidates)
+        decision = self.prefill_policy.choose(
+            candidates, RouteContext(hashes, key, matched, self.cfg.block_size, tier)
         )
+        self.recent.remember(hashes, decision.worker.worker_id)
+        return decision
 
-    async def _matched(self, hashes: list, candidates: list[WorkerHandle]) -> dict[str, int] | None:  # type: ignore[type-arg]
+    async def _matched(
+        self, hashes: list, candidates: list[WorkerHandle]  # type: ignore[type-arg]
+    ) -> tuple[dict[str, int] | None, int]:
+        """Leading cached blocks per live prefill worker, and in the kvstore tier."""
         if self.index is None:
-            return None
+            return None, 0
         try:
             found = await self.index.longest_prefix(hashes)
         except (RedisError, OSError) as exc:
             self.index_fallbacks += 1
             if self.index_fallbacks == 1 or self.index_fallbacks % 100 == 0:
                 log.warning("prefix index unreachable (%s): routing by consistent hash", exc)
-            return None
+            return None, 0
         epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
-        return {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
+        matched = {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
+        for wid, n in self.recent.depths(hashes).items():
+            matched[wid] = max(matched.get(wid, 0), n)
+        tier = max((n for (wid, _), n in found.items() if wid.startswith("kvstore")), default=0)
+        return matched, tier
 
     def route_decode(self) -> WorkerHandle:
         candidates = self.registry.healthy("decode")

@@ -45,6 +45,10 @@ class KVTransport(Protocol):
         """Start writing local blocks into the peer's blocks; returns a handle to poll."""
         ...
 
+    def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
+        """Start reading the peer's blocks into local blocks."""
+        ...
+
     def poll(self, handle: object) -> TransferState: ...
 
     def release(self, handle: object) -> None:

@@ -28,6 +28,9 @@ class DelayedWrites:
     def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
         return _Delayed(time.monotonic() + self.delay_s, (peer, src_blocks, dst_blocks, notif))
 
+    def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
+        return self.inner.read(peer, local_blocks, remote_blocks)
+
     def poll(self, handle: object) -> TransferState:
         if isinstance(handle, _Delayed):
             if handle.inner is None:

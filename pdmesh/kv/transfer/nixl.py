@@ -78,14 +78,22 @@ class NixlTransport:
             self.agent.remove_remote_agent(agent_name)
 
     def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
-        if len(src_blocks) != len(dst_blocks):
-            raise ValueError(f"{len(src_blocks)} source blocks for {len(dst_blocks)} destinations")
+        """Local blocks -> the peer's blocks."""
+        return self._start("WRITE", peer, src_blocks, dst_blocks, notif)
+
+    def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
+        """The peer's blocks -> local blocks."""
+        return self._start("READ", peer, local_blocks, remote_blocks, b"")
+
+    def _start(self, op: str, peer: str, local: list[int], remote_ids: list[int], notif: bytes) -> object:
+        if len(local) != len(remote_ids):
+            raise ValueError(f"{len(local)} local blocks for {len(remote_ids)} remote blocks")
         _, remote = self._peers[peer]  # type: ignore[misc]
-        handle = self.agent.make_prepped_xfer("WRITE", self._local, src_blocks, remote, dst_blocks, notif)
+        handle = self.agent.make_prepped_xfer(op, self._local, local, remote, remote_ids, notif)
         state = self.agent.transfer(handle)
         if state == "ERR":
             self.agent.release_xfer_handle(handle)
-            raise RuntimeError(f"NIXL refused the write to {peer}")
+            raise RuntimeError(f"NIXL refused the {op} with {peer}")
         return handle
 
     def poll(self, handle: object) -> TransferState:

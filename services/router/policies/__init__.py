@@ -10,7 +10,9 @@ from services.router.policies.prefix_hash import PrefixHashPolicy
 from services.router.policies.round_robin import RoundRobinPolicy
 
 _FACTORIES = {
-    "cache_aware": lambda cfg: CacheAwarePolicy(cfg.cache_weight, cfg.load_weight, cfg.balance_threshold),
+    "cache_aware": lambda cfg: CacheAwarePolicy(
+        cfg.cache_weight, cfg.load_weight, cfg.balance_threshold, cfg.kvstore_weight
+    ),
     "prefix_hash": lambda cfg: PrefixHashPolicy(),
     "least_loaded": lambda cfg: LeastLoadedPolicy(),
     "round_robin": lambda cfg: RoundRobinPolicy(),

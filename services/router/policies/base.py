@@ -18,6 +18,8 @@ class RouteContext:
     matched: dict[str, int] | None
     """worker id -> cached leading blocks from the index; None when the index is unreachable."""
     block_size: int
+    kvstore_blocks: int = 0
+    """Leading blocks the kvstore tier holds (fetchable by any prefill worker)."""
 
 
 @dataclass(frozen=True, slots=True)

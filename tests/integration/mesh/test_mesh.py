@@ -143,3 +143,23 @@ def test_requests_survive_redis_going_away_and_the_index_refills(mesh: Mesh, cli
         time.sleep(0.1)
     assert r.keys("pdmesh:blk:*"), "the prefill workers did not republish their prefix caches"
     assert r.keys("pdmesh:hb:*")
+
+
+def test_evicted_prefix_is_fetched_from_the_kvstore_not_recomputed(mesh: Mesh, client: Client) -> None:
+    rng = random.Random(81)
+    prefix = [rng.randrange(5, 1000) for _ in range(128)]  # 8 full blocks
+    client.complete(prefix + [11, 12, 13], max_tokens=2, temperature=0)
+    time.sleep(0.5)  # offload runs after the response
+    assert sum(i.kvstore_offloaded_blocks for i in infos(mesh).values()) >= 8
+    # Flood both prefill workers (256 blocks each) with other prompts to evict the prefix.
+    fillers = [[rng.randrange(5, 1000) for _ in range(150)] for _ in range(60)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: client.complete(p, max_tokens=1, temperature=0), fillers))
+    before = infos(mesh)
+    out = client.complete(prefix + [21, 22, 23], max_tokens=2, temperature=0)
+    after = infos(mesh)
+    fetched = sum(after[n].kvstore_fetched_tokens - before[n].kvstore_fetched_tokens for n in after)
+    computed = sum(after[n].computed_prompt_tokens - before[n].computed_prompt_tokens for n in after)
+    assert fetched == 128
+    assert computed == len(prefix) + 3 - 128  # only the suffix was computed
+    assert out.cached_tokens >= 128

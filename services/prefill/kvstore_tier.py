@@ -1,0 +1,122 @@
+"""The prefill worker's side of the kvstore tier: fetch before computing, offload after.
+
+fetch   — before a prompt is admitted, the leading blocks this worker lacks are looked up in
+          the kvstore (pinned there), READ into freshly taken local blocks and registered as
+          local prefix cache, so the engine's admission hits them instead of recomputing.
+offload — after the decode worker has its KV, the prompt's full blocks the store lacks are
+          WRITTEN into slots it reserved and committed; the worker's held blocks are freed
+          only after that (or after it failed).
+A kvstore that is down or slow costs the cache, never the request: failures are logged and
+counted, and the request goes on as if the store had missed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from pdmesh.kv.block_hash import extra_keys_for
+from pdmesh.rpc.status import TransferFailedError
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.serving.clients import kvstore_stub
+from pdmesh.serving.worker_core import WorkerCore
+from pdmesh.v1 import kvstore_pb2, worker_pb2
+
+log = logging.getLogger(__name__)
+_FAILURES = (grpc.aio.AioRpcError, TransferFailedError)
+
+
+class KVStoreTier:
+    def __init__(self, core: WorkerCore, address: str, timeout: float = 10.0) -> None:
+        self.core = core
+        self.address = address
+        self.timeout = timeout
+        self.peer = ""
+        self.failures = 0
+
+    async def _connect(self) -> str:
+        if not self.peer or not self.core.transport.has_peer(self.peer):
+            info = await kvstore_stub(self.address).Info(worker_pb2.InfoRequest(), timeout=2.0)
+            await self.core.ensure_peer(info.worker_id, self.address, 2.0, kvstore=True)
+            self.peer = info.worker_id
+        return self.peer
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        log.warning("kvstore %s failed (%s); continuing without it", what, exc)
+
+    async def fetch(self, ids: list[int], params: SamplingParams) -> int:
+        """Import the prompt's leading blocks the store has and we lack; returns tokens imported."""
+        core = self.core
+        eng = core.engine
+        bs = eng.kv.block_size
+        hashes = eng.hasher.hash_tokens(ids[: (len(ids) - 1) // bs * bs], extra_keys_for(params.cache_salt))
+
+        def local_hits() -> int:
+            n = 0
+            while n < len(hashes) and eng.pool.lookup(hashes[n], ids[n * bs : (n + 1) * bs]) is not None:
+                n += 1
+            return n
+
+        local = core.aeng.call(local_hits)
+        if local == len(hashes):
+            return 0
+        try:
+            peer = await self._connect()
+            resp = await kvstore_stub(self.address).Lookup(
+                kvstore_pb2.LookupRequest(block_hashes=hashes[local:], pin_ms=int(self.timeout * 1000)),
+                timeout=2.0,
+            )
+        except _FAILURES as exc:
+            self._failed("lookup", exc)
+            return 0
+        n = len(resp.slot_ids)
+        blocks = core.aeng.call(lambda: eng.handoff.import_start(n)) if n else None
+        if not blocks:
+            return 0
+        ok = False
+        try:
+            await core.read_kv(peer, [b.block_id for b in blocks], list(resp.slot_ids), self.timeout)
+            ok = True
+        except _FAILURES as exc:
+            self._failed("read", exc)
+        finally:
+            chunks = [ids[(local + i) * bs : (local + i + 1) * bs] for i in range(n)]
+            parent = hashes[local - 1] if local else None
+            core.aeng.call(lambda: eng.handoff.import_finish(
+                blocks, hashes[local : local + n], chunks, parent, ok))
+        if not ok:
+            return 0
+        core.counters.kvstore_fetched_tokens += n * bs
+        return n * bs
+
+    async def offload(self, request_id: str) -> None:
+        """Copy the held prompt's full blocks the store lacks into it (call before release)."""
+        core = self.core
+        hashes, block_ids = core.aeng.call(lambda: core.engine.handoff.offload_plan(request_id))
+        if not hashes:
+            return
+        stub = kvstore_stub(self.address)
+        try:
+            peer = await self._connect()
+            resp = await stub.Reserve(kvstore_pb2.StoreReserveRequest(block_hashes=hashes), timeout=2.0)
+        except _FAILURES as exc:
+            self._failed("reserve", exc)
+            return
+        pairs = [(b, s) for b, s in zip(block_ids, resp.slot_ids) if s >= 0]
+        ok = False
+        try:
+            if pairs:
+                await core.write_kv_untracked(peer, [b for b, _ in pairs], [s for _, s in pairs], self.timeout)
+            ok = True
+        except _FAILURES as exc:
+            self._failed("write", exc)
+        finally:
+            try:
+                await stub.Commit(kvstore_pb2.CommitRequest(reservation_id=resp.reservation_id, ok=ok),
+                                  timeout=2.0)
+            except _FAILURES as exc:
+                self._failed("commit", exc)
+        if ok:
+            core.counters.kvstore_offloaded_blocks += len(pairs)

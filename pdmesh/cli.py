@@ -81,19 +81,25 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if last is not None:
         m = last.metrics
-        done = last.outputs[0] if last.outputs else None
-        print(
-            f"[finish={done.finish_reason if done else '?'} prompt_tokens={len(last.prompt_token_ids)} "
-            f"cached_tokens={m.num_cached_tokens} ttft={1000 * (m.ttft or 0):.0f}ms "
-            f"total={time.monotonic() - start:.2f}s]",
-            file=sys.stderr,
-        )
+        n_out = sum(len(c.token_ids) for c in last.outputs)
+        _summary(last.outputs[0].finish_reason if last.outputs else None, len(last.prompt_token_ids),
+                 n_out, m.num_cached_tokens, m.ttft or 0.0, time.monotonic() - start)
     return 0
+
+
+def _summary(finish: str | None, prompt: int, completion: int, cached: int, ttft: float,
+             total: float) -> None:
+    print(f"[finish={finish} prompt_tokens={prompt} completion_tokens={completion} "
+          f"cached_tokens={cached} ttft={1000 * ttft:.0f}ms total={total:.2f}s]", file=sys.stderr)
 
 
 def _cmd_generate_remote(args: argparse.Namespace) -> int:
     from pdmesh.client import Client
 
+    if args.chat:
+        print("pdmesh: error: --chat applies to --model runs; send chat-formatted text to a router",
+              file=sys.stderr)
+        return 2
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "max_tokens": args.max_tokens, "stop": args.stop or []}
     if args.seed is not None:
@@ -113,10 +119,8 @@ def _cmd_generate_remote(args: argparse.Namespace) -> int:
         from pdmesh.rpc.convert import FINISH_NAMES
 
         u = final.usage
-        print(f"[finish={FINISH_NAMES[final.finish_reason]} prompt_tokens={u.prompt_tokens} "
-              f"completion_tokens={u.completion_tokens} cached_tokens={u.cached_tokens} "
-              f"ttft={1000 * ((first or start) - start):.0f}ms total={time.monotonic() - start:.2f}s]",
-              file=sys.stderr)
+        _summary(FINISH_NAMES[final.finish_reason], u.prompt_tokens, u.completion_tokens,
+                 u.cached_tokens, (first or start) - start, time.monotonic() - start)
     return 0
 
 

@@ -79,7 +79,9 @@ class KVHandoff:
             # draw so the rest matches an in-process run token for token.
             import torch
 
-            torch.empty(eng.model_config.vocab_size).exponential_(generator=seq.generator)
+            torch.empty(eng.model_config.vocab_size, device=eng.config.device).exponential_(
+                generator=seq.generator
+            )
         eng.scheduler.add_running(seq)
         state = eng._requests[request_id]
         state.metrics.first_scheduled_time = time.monotonic()

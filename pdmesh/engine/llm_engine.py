@@ -199,7 +199,7 @@ class LLMEngine:
             state.metrics.arrival_time, extra_keys_for(p.cache_salt),
         )
         if p.seed is not None:
-            seq.generator = torch.Generator().manual_seed((p.seed + index) % 2**63)
+            seq.generator = torch.Generator(device=self.config.device).manual_seed((p.seed + index) % 2**63)
         state.seqs.append(seq)
         state.detoks.append(
             IncrementalDetokenizer.for_prompt(
@@ -261,7 +261,8 @@ class LLMEngine:
             for item in sched.scheduled:
                 self.kv.cache_blocks(item.seq)
             rows, seqs = self._expand_forks(result.sampling)
-            sampled = self.sampler(result.logits[rows] if rows is not None else result.logits, seqs)
+            logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
+            sampled = self.sampler(logits, seqs)
             for item in sched.scheduled:
                 state = self._requests[item.seq.request_id]
                 if state.metrics.first_scheduled_time is None:

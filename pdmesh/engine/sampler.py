@@ -31,6 +31,7 @@ class Sampler:
     def __init__(self, eos_token_ids: Seq[int]) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """``logits`` is float32 [len(seqs), vocab]; it is modified in place."""
         want_logprobs = [s.params.logprobs is not None for s in seqs]
@@ -58,21 +59,22 @@ class Sampler:
         if not rows:
             return
         vocab = logits.shape[-1]
-        idx = torch.tensor(rows)
+        dev = logits.device
+        idx = torch.tensor(rows, device=dev)
         sub = logits[idx]
         counts = torch.zeros_like(sub)
-        seen = torch.zeros(sub.shape, dtype=torch.bool)
+        seen = torch.zeros(sub.shape, dtype=torch.bool, device=dev)
         for r, i in enumerate(rows):
             seq = seqs[i]
-            out = torch.tensor(seq.output_token_ids, dtype=torch.long)
+            out = torch.tensor(seq.output_token_ids, dtype=torch.long, device=dev)
             out = out[out < vocab]
-            counts[r].scatter_add_(0, out, torch.ones(len(out)))
-            seen[r, torch.tensor(seq.token_ids, dtype=torch.long).clamp_max(vocab - 1)] = True
-        rep = torch.tensor([seqs[i].params.repetition_penalty for i in rows])[:, None]
+            counts[r].scatter_add_(0, out, torch.ones(len(out), device=dev))
+            seen[r, torch.tensor(seq.token_ids, dtype=torch.long, device=dev).clamp_max(vocab - 1)] = True
+        rep = torch.tensor([seqs[i].params.repetition_penalty for i in rows], device=dev)[:, None]
         penalised = torch.where(sub > 0, sub / rep, sub * rep)
         sub = torch.where(seen, penalised, sub)
-        freq = torch.tensor([seqs[i].params.frequency_penalty for i in rows])[:, None]
-        pres = torch.tensor([seqs[i].params.presence_penalty for i in rows])[:, None]
+        freq = torch.tensor([seqs[i].params.frequency_penalty for i in rows], device=dev)[:, None]
+        pres = torch.tensor([seqs[i].params.presence_penalty for i in rows], device=dev)[:, None]
         sub = sub - freq * counts - pres * (counts > 0).float()
         logits[idx] = sub
 
@@ -92,9 +94,10 @@ class Sampler:
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if not rows:
             return tokens
-        idx = torch.tensor(rows)
+        dev = logits.device
+        idx = torch.tensor(rows, device=dev)
         params = [seqs[i].params for i in rows]
-        sub = logits[idx] / torch.tensor([p.temperature for p in params])[:, None]
+        sub = logits[idx] / torch.tensor([p.temperature for p in params], device=dev)[:, None]
         sub = _filter(sub, params)
         probs = torch.softmax(sub, dim=-1)
         q = torch.empty_like(probs)
@@ -104,8 +107,8 @@ class Sampler:
                 q[r].exponential_(generator=gen)
         unseeded = [r for r, i in enumerate(rows) if seqs[i].generator is None]
         if unseeded:
-            uidx = torch.tensor(unseeded)
-            q[uidx] = torch.empty(len(unseeded), probs.shape[-1]).exponential_()
+            uidx = torch.tensor(unseeded, device=dev)
+            q[uidx] = torch.empty(len(unseeded), probs.shape[-1], device=dev).exponential_()
         tokens[idx] = (probs / q).argmax(dim=-1)
         return tokens
 
@@ -118,19 +121,20 @@ def _filter(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: ignore
     if not (need_k or need_p or need_min):
         return logits
     vocab = logits.shape[-1]
+    dev = logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     neg_inf = float("-inf")
     if need_k:
-        k = torch.tensor([p.top_k if p.top_k else vocab for p in params])[:, None]
-        sorted_logits.masked_fill_(torch.arange(vocab)[None, :] >= k, neg_inf)
+        k = torch.tensor([p.top_k if p.top_k else vocab for p in params], device=dev)[:, None]
+        sorted_logits.masked_fill_(torch.arange(vocab, device=dev)[None, :] >= k, neg_inf)
     if need_p or need_min:
         probs = torch.softmax(sorted_logits, dim=-1)
         if need_p:
-            top_p = torch.tensor([p.top_p for p in params])[:, None]
+            top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
             # Keep a token while the mass before it is below top_p (the first always stays).
             sorted_logits.masked_fill_((probs.cumsum(-1) - probs) >= top_p, neg_inf)
         if need_min:
-            min_p = torch.tensor([p.min_p for p in params])[:, None]
+            min_p = torch.tensor([p.min_p for p in params], device=dev)[:, None]
             sorted_logits.masked_fill_(probs < min_p * probs[:, :1], neg_inf)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 

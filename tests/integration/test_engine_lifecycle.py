@@ -48,6 +48,9 @@ def test_random_aborts_over_200_requests_leave_no_block_in_use(llama_dir: Path) 
                 params = SamplingParams(
                     temperature=rng.choice([0.0, 0.8]), max_tokens=rng.randrange(1, 24),
                     n=rng.choice([1, 1, 2]), seed=rng.randrange(100), output_kind="delta",
+                    top_k=rng.choice([0, 20]), top_p=rng.choice([1.0, 0.9]),
+                    repetition_penalty=rng.choice([1.0, 1.2]),
+                    presence_penalty=rng.choice([0.0, 0.5]), logprobs=rng.choice([None, 2]),
                 )
                 engine.add_request(f"r{next_id}", prompts[next_id][:120], params)
                 live.add(f"r{next_id}")

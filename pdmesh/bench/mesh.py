@@ -133,6 +133,7 @@ def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random
     groups, per, prefix_len = (4, 4, 256) if args.quick else (8, 8, 1024)
     prefixes = [[rng.randrange(10, 1000) for _ in range(prefix_len)] for _ in range(groups)]
     prompts = [prefixes[g] + [rng.randrange(10, 1000) for _ in range(32)] for _ in range(per) for g in range(groups)]
+    rng.shuffle(prompts)  # arrival order must not line up with round robin's rotation
     # A prefill pool that holds about half the groups' prefixes.
     blocks = (groups // 2) * (prefix_len // 16) + 64
     results = {}

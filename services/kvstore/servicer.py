@@ -70,11 +70,19 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         return kvstore_pb2.CommitResponse(committed=self.store.commit(request.reservation_id, request.ok))
 
 
+async def progress_pump(servicer: KVStoreServicer) -> None:
+    """Drive this agent's UCX progress: peers' WRITEs into and READs from our slots need it
+    (there is no NIXL progress thread; it would spin a core). Fast while writes are pending."""
+    while True:
+        servicer.transport.take_notifs()
+        await asyncio.sleep(0.0005 if servicer.store.reservations else 0.002)
+
+
 async def serve_kvstore(cfg: KVStoreConfig) -> None:
     server, port, health = create_server(f"{cfg.host}:{cfg.port}", NAMES)
     servicer = KVStoreServicer(cfg, f"{cfg.host}:{port}")
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)
-    tasks: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[None]] = [asyncio.create_task(progress_pump(servicer))]
     if cfg.redis_url:
         from pdmesh.index.publisher import IndexPublisher
 

@@ -158,6 +158,8 @@ def _raw_nixl_receiver(conn, block_bytes: int, blocks: int) -> None:  # type: ig
     buf = torch.zeros(blocks, block_bytes // 4)
     t = NixlTransport("raw-dst", buf)
     conn.send((t.metadata(), t.base_addr))
+    while not conn.poll(0.0005):  # drive UCX progress on the target, as a worker does
+        t.take_notifs()
     conn.recv()
     t.close()
 

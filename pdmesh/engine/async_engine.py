@@ -32,6 +32,7 @@ class AsyncLLMEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-step")
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
+        self._progress_listeners: dict[str, Callable[[int], None]] = {}
 
     async def generate(
         self,
@@ -85,6 +86,14 @@ class AsyncLLMEngine:
             if not finished:
                 self.abort(rid)
 
+    def watch_progress(self, rid: str, listener: Callable[[int], None] | None) -> None:
+        """Call ``listener(full_prompt_blocks)`` after each step that advanced ``rid``'s prefill
+        (requests added with ``hold_kv``); None stops watching."""
+        if listener is None:
+            self._progress_listeners.pop(rid, None)
+        else:
+            self._progress_listeners[rid] = listener
+
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine now, under its lock (not held during forward passes).
 
@@ -120,6 +129,10 @@ class AsyncLLMEngine:
                     queue.put_nowait(exc)
                     self._pending_aborts.append(rid)
                 continue
+            for rid, blocks in self.call(self.engine.handoff.take_progress).items():
+                listener = self._progress_listeners.get(rid)
+                if listener is not None:
+                    listener(blocks)
             self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:

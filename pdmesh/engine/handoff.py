@@ -46,6 +46,8 @@ class KVHandoff:
         self.engine = engine
         self.reserved: dict[str, Sequence] = {}
         self.held: dict[str, Sequence] = {}
+        self._progress: dict[str, int] = {}
+        """hold_kv requests whose count of fully computed prompt blocks grew this step."""
 
     # -- decode side ------------------------------------------------------------------
     def reserve(self, request_id: str, prompt: list[int], params: SamplingParams) -> Reservation:
@@ -89,6 +91,17 @@ class KVHandoff:
         eng._to_render[request_id] = state
 
     # -- prefill side -----------------------------------------------------------------
+    def note_progress(self, seq: Sequence) -> None:
+        """Record how many full prompt blocks of a held-KV request are computed (after a step)."""
+        bs = self.engine.kv.block_size
+        self._progress[seq.request_id] = min(seq.num_computed_tokens, seq.prompt_len) // bs
+
+    def take_progress(self) -> dict[str, int]:
+        """``{request id: full prompt blocks computed}`` for requests that ran since the last call;
+        lets a prefill worker send finished blocks while later chunks still compute."""
+        progress, self._progress = self._progress, {}
+        return progress
+
     def hold(self, seq: Sequence) -> None:
         self.held[seq.request_id] = seq
 

@@ -249,6 +249,13 @@ class LLMEngine:
         with self.lock:
             return self._finish_step(sched, result)
 
+    def block_ids_of(self, request_id: str) -> list[int]:
+        """Blocks of a live request's first sequence, in order."""
+        state = self._requests.get(request_id)
+        if state is None or not state.seqs:
+            raise UnknownRequestError(request_id)
+        return self.kv.block_ids(state.seqs[0])
+
     def take_ready_outputs(self) -> list[RequestOutput]:
         """Outputs that need no model step (commits, aborts), without running one."""
         with self.lock:
@@ -267,6 +274,8 @@ class LLMEngine:
                 state = self._requests[item.seq.request_id]
                 if state.metrics.first_scheduled_time is None:
                     state.metrics.first_scheduled_time = now
+                if state.hold_kv:
+                    self.handoff.note_progress(item.seq)
             for seq, token, lp in zip(seqs, sampled.token_ids, sampled.logprobs):
                 self._append(seq, token, lp)
                 touched[seq.request_id] = self._requests[seq.request_id]

@@ -40,6 +40,7 @@ class Counters:
     kv_transfer_seconds: float = 0.0
     kvstore_fetched_tokens: int = 0
     kvstore_offloaded_blocks: int = 0
+    overlapped_blocks: int = 0
     expired_leases: int = 0
     computed_prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
@@ -107,6 +108,7 @@ class WorkerCore:
             kv_transfer_seconds=self.counters.kv_transfer_seconds,
             kvstore_fetched_tokens=self.counters.kvstore_fetched_tokens,
             kvstore_offloaded_blocks=self.counters.kvstore_offloaded_blocks,
+            overlapped_blocks=self.counters.overlapped_blocks,
         )
 
     # -- KV transfer ------------------------------------------------------------------

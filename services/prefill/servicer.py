@@ -4,8 +4,10 @@ Request lifecycle (one ``Prefill`` call):
   1. queued     — the request waits in the engine's scheduler (prefix-cache hits reused);
   2. computing  — prefill chunks run; the last one samples the first token;
   3. held       — the engine keeps the prompt's blocks (``hold_kv``) instead of freeing them;
-  4. writing    — NIXL WRITEs the blocks the decode worker lacks into its reservation, with
-                  the transfer id as notification; polled against a deadline;
+  4. writing    — NIXL WRITEs the blocks the decode worker lacks into its reservation;
+                  full blocks go as soon as their chunk is computed (overlapping the next
+                  chunk), the rest once the prompt is done, with the transfer id as the
+                  notification; every write is polled against a deadline;
   5. offloaded  — with a kvstore, the prompt's full blocks it lacks are copied there in the
                   background (the response does not wait);
   6. released   — the held blocks are freed (they stay in this worker's prefix cache),
@@ -24,6 +26,7 @@ import grpc
 from pdmesh.rpc.convert import logprob_to_proto, sampling_from_proto
 from pdmesh.serving.worker_core import WorkerCore, remaining
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
 
 
@@ -51,21 +54,25 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if self.tier is not None:
             await self.tier.fetch(ids, params)
         final = None
-        async for out in core.aeng.generate(ids, params, rid, hold_kv=True):
-            final = out
+        sender = ChunkSender(core, rid, dest,
+                             min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s))
+        sender.start()
+        try:
+            async for out in core.aeng.generate(ids, params, rid, hold_kv=True):
+                final = out
+        except BaseException:
+            await sender.stop()
+            raise
         if final is None or not final.outputs:
+            await sender.stop()
             raise RuntimeError(f"prefill of {rid} produced no token")
         computed_at = time.perf_counter()
         offloading = False
         try:
-            held = core.aeng.call(lambda: core.engine.handoff.held_block_ids(rid))
-            src = held[dest.first_block : dest.first_block + len(dest.block_ids)]
-            moved = 0
-            if src:
-                moved = await core.write_kv(
-                    dest.worker_id, src, list(dest.block_ids), dest.transfer_id.encode(),
-                    timeout=min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
-                )
+            total_blocks = -(-len(ids) // core.cfg.block_size)
+            sent_blocks = await sender.finish(total_blocks)
+            moved = sender.bytes
+            core.counters.overlapped_blocks += sender.overlapped_blocks
             if self.tier is not None:
                 task = asyncio.create_task(self._offload_then_release(rid))
                 self._background.add(task)
@@ -81,7 +88,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         core.counters.computed_prompt_tokens += len(request.prompt_token_ids) - cached
         resp = worker_pb2.PrefillResponse(
             first_token_id=comp.token_ids[0], cached_tokens=cached,
-            blocks_transferred=len(src), bytes_transferred=moved,
+            blocks_transferred=sent_blocks, bytes_transferred=moved,
             prefill_ms=1000 * (computed_at - start), transfer_ms=1000 * (done - computed_at),
         )
         if comp.logprobs:

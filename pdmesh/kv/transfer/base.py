@@ -49,6 +49,10 @@ class KVTransport(Protocol):
         """Start reading the peer's blocks into local blocks."""
         ...
 
+    def notify(self, peer: str, message: bytes) -> None:
+        """Send a notification without data."""
+        ...
+
     def poll(self, handle: object) -> TransferState: ...
 
     def release(self, handle: object) -> None:

@@ -31,6 +31,9 @@ class DelayedWrites:
     def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
         return self.inner.read(peer, local_blocks, remote_blocks)
 
+    def notify(self, peer: str, message: bytes) -> None:
+        self.inner.notify(peer, message)
+
     def poll(self, handle: object) -> TransferState:
         if isinstance(handle, _Delayed):
             if handle.inner is None:

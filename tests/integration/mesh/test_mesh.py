@@ -139,10 +139,10 @@ def test_requests_survive_redis_going_away_and_the_index_refills(mesh: Mesh, cli
         mesh.start_redis(port)
     r = redis.Redis(port=port)
     deadline = time.monotonic() + 15
-    while not r.keys("pdmesh:blk:*") and time.monotonic() < deadline:
+    while not (r.keys("pdmesh:blk:*") and r.keys("pdmesh:hb:*")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert r.keys("pdmesh:blk:*"), "the prefill workers did not republish their prefix caches"
-    assert r.keys("pdmesh:hb:*")
+    assert r.keys("pdmesh:hb:*"), "no heartbeats after Redis came back"
 
 
 def test_evicted_prefix_is_fetched_from_the_kvstore_not_recomputed(mesh: Mesh, client: Client) -> None:
@@ -163,3 +163,17 @@ def test_evicted_prefix_is_fetched_from_the_kvstore_not_recomputed(mesh: Mesh, c
     assert fetched == 128
     assert computed == len(prefix) + 3 - 128  # only the suffix was computed
     assert out.cached_tokens >= 128
+
+
+def test_blocks_travel_while_later_chunks_compute(mesh: Mesh, client: Client, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(91)
+    prompt = [rng.randrange(5, 1000) for _ in range(300)]  # 5 chunks of 64 on the prefill worker
+    before = infos(mesh)
+    out = client.complete(prompt, max_tokens=6, temperature=0)
+    after = infos(mesh)
+    assert out.token_ids == hf_refs["llama"].greedy(prompt, 6)
+    early = sum(after[n].overlapped_blocks - before[n].overlapped_blocks for n in after)
+    sent = sum(after[n].kv_bytes_sent - before[n].kv_bytes_sent for n in after)
+    block_bytes = after["decode-0"].kv_block_bytes
+    assert sent == 19 * block_bytes  # ceil(300 / 16) blocks, each sent once
+    assert 12 <= early < 19  # the blocks of the first four chunks went before the last one

@@ -1,0 +1,83 @@
+"""Send a prompt's KV to the decode worker while later prefill chunks are still computing.
+
+After every engine step that completes more full prompt blocks, the blocks finished since
+the last write (and not already cached on the decode worker) are written with one NIXL
+WRITE and no notification. When the prompt is done, ``finish`` writes what is left — the
+last, partial block included — with the transfer id as the notification, so the decode
+worker is told only once everything has landed. Full blocks are never written again by the
+engine, so sending them early is safe; the request owns them until it is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdmesh.serving.worker_core import WorkerCore
+from pdmesh.v1 import worker_pb2
+
+
+class ChunkSender:
+    def __init__(self, core: WorkerCore, rid: str, dest: worker_pb2.KvHandle, timeout: float) -> None:
+        self.core = core
+        self.rid = rid
+        self.dest = dest
+        self.timeout = timeout
+        self.sent = dest.first_block
+        """Prompt blocks [first_block, sent) are on the decode worker."""
+        self.ready = dest.first_block
+        self.overlapped_blocks = 0
+        self.bytes = 0
+        self._wake = asyncio.Event()
+        self._error: BaseException | None = None
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.core.aeng.watch_progress(self.rid, self.advance)
+        self._task = asyncio.create_task(self._run())
+
+    def advance(self, full_blocks: int) -> None:
+        if full_blocks > self.ready:
+            self.ready = full_blocks
+            self._wake.set()
+
+    async def _run(self) -> None:
+        try:
+            while not self._closing:
+                await self._wake.wait()
+                self._wake.clear()
+                if self.ready > self.sent and not self._closing:
+                    self.overlapped_blocks += await self._write(self.sent, self.ready, b"")
+        except Exception as exc:  # surfaced by finish()
+            self._error = exc
+
+    async def _write(self, start: int, end: int, notif: bytes) -> int:
+        end = min(end, self.dest.first_block + len(self.dest.block_ids))
+        if end <= start:
+            return 0
+        src = self.core.aeng.call(lambda: self.core.engine.block_ids_of(self.rid))[start:end]
+        dst = list(self.dest.block_ids[start - self.dest.first_block : end - self.dest.first_block])
+        self.bytes += await self.core.write_kv(self.dest.worker_id, src, dst, notif, self.timeout)
+        self.sent = end
+        return end - start
+
+    async def finish(self, total_blocks: int) -> int:
+        """Write the remaining blocks with the notification; returns blocks sent in all."""
+        await self.stop()
+        if self._error is not None:
+            raise self._error
+        notif = self.dest.transfer_id.encode()
+        if self.sent < total_blocks:
+            await self._write(self.sent, total_blocks, notif)
+        else:  # everything went early: the notification alone
+            self.core.transport.notify(self.dest.worker_id, notif)
+        return self.sent - self.dest.first_block
+
+    async def stop(self) -> None:
+        """Stop watching; a write in progress completes first (never abandoned mid-flight)."""
+        self.core.aeng.watch_progress(self.rid, None)
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None

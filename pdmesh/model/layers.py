@@ -79,15 +79,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
+    """down(silu(gate(x)) * up(x)).
+
+    gate and up stay two matmuls: fusing them into one saved nothing at decode batch sizes
+    and cost ~10% in prefill on CPU (a larger GEMM, then SiLU over a strided half of it).
+    """
 
     def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=bias)
+        self.gate = nn.Linear(hidden, intermediate, bias=bias)
+        self.up = nn.Linear(hidden, intermediate, bias=bias)
         self.down = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).split(self.intermediate, dim=-1)
         # silu into a fresh tensor, then multiply in place: one large temporary, not two.
-        return self.down(nn.functional.silu(gate).mul_(up))
+        return self.down(nn.functional.silu(self.gate(x)).mul_(self.up(x)))

@@ -102,7 +102,7 @@ class LlamaForCausalLM(nn.Module):
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named tensors, fusing q/k/v and gate/up; every parameter must be set."""
+        """Load HF-named tensors, fusing q/k/v; every parameter must be set."""
         params = dict(self.named_parameters())
         pending: dict[str, dict[str, torch.Tensor]] = {}
         loaded: set[str] = set()
@@ -130,12 +130,14 @@ class LlamaForCausalLM(nn.Module):
             )
 
 
-_FUSED_ORDER = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+_FUSED_ORDER = {"qkv": ("q", "k", "v")}
 _RENAMES = {
     "self_attn.o_proj": "attn.o",
     "self_attn.q_norm": "attn.q_norm",
     "self_attn.k_norm": "attn.k_norm",
     "mlp.down_proj": "mlp.down",
+    "mlp.gate_proj": "mlp.gate",
+    "mlp.up_proj": "mlp.up",
     "input_layernorm": "input_norm",
     "post_attention_layernorm": "post_attn_norm",
 }
@@ -143,8 +145,6 @@ _FUSED = {
     "self_attn.q_proj": ("attn.qkv", "q"),
     "self_attn.k_proj": ("attn.qkv", "k"),
     "self_attn.v_proj": ("attn.qkv", "v"),
-    "mlp.gate_proj": ("mlp.gate_up", "gate"),
-    "mlp.up_proj": ("mlp.gate_up", "up"),
 }
 
 

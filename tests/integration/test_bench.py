@@ -12,8 +12,8 @@ def test_bench_engine_quick_writes_table_and_json(llama_dir: Path, tmp_path: Pat
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "decode batch 8" in proc.stdout
+    assert "decode batch 8 (best of 3)" in proc.stdout
     data = json.loads(out.read_text())
     metrics = {(r["workload"], r["metric"]) for r in data["rows"]}
-    assert ("decode batch 1", "tok/s") in metrics
+    assert ("decode batch 1 (best of 3)", "tok/s") in metrics
     assert all(r["pdmesh"] > 0 for r in data["rows"])

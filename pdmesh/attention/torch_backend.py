@@ -65,9 +65,8 @@ class TorchAttentionBackend:
         if tables is None or meta.decode_bias is None:
             raise RuntimeError("decode tokens scheduled without decode block tables")
         b, nblk = tables.shape
-        _, _, bs, hkv, d = kv_layer.shape
+        _, _, _, hkv, d = kv_layer.shape
         group = q.shape[1] // hkv
-        ctx = nblk * bs
         flat = tables.view(-1)
         keys = self._head_major(kv_layer[:, 0], flat, b, nblk, "k")
         scores = torch.matmul(q.view(b, hkv, group, d), keys.transpose(-1, -2))

@@ -231,9 +231,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._to_render)
 
-    def num_unfinished_requests(self) -> int:
-        return len(self._requests)
-
     def stats(self) -> BlockPoolStats:
         return self.pool.stats()
 

@@ -67,9 +67,6 @@ class ModelRunner:
             device=self.device,
         )
 
-    def execute(self, out: SchedulerOutput) -> StepResult:
-        return self.forward(self.prepare(out))
-
     def prepare(self, out: SchedulerOutput) -> PreparedStep:
         """Everything read from the block tables; needs the engine lock."""
         for copy in out.copies:

@@ -100,10 +100,6 @@ class BlockHasher:
             hashes.append(parent)
         return hashes
 
-    def describe(self) -> dict[str, object]:
-        """What a worker advertises so that peers can check compatibility."""
-        return {"algorithm": self.algorithm, "seed": self.seed, "block_size": self.block_size}
-
 
 def extra_keys_for(cache_salt: str | None = None, adapter: str | None = None) -> tuple[str, ...]:
     """Extra keys folded into every block of a request, in a fixed order."""

@@ -37,8 +37,6 @@ class KVCacheManager:
         self._blocks: dict[str, list[KVBlock]] = {}
         self._num_registered: dict[str, int] = {}
         self._copies: list[BlockCopy] = []
-        self.num_hit_tokens = 0
-        self.num_queried_tokens = 0
 
     # -- queries ----------------------------------------------------------------------
     def block_ids(self, seq: Sequence) -> list[int]:
@@ -86,8 +84,6 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.num_queried_tokens += seq.num_tokens
-        self.num_hit_tokens += len(hits) * bs
         return hits
 
     # -- allocation -------------------------------------------------------------------

@@ -37,21 +37,6 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **overrides: Any) -> Sam
     return SamplingParams.from_dict(options)
 
 
-def sampling_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams(
-        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-        max_tokens=p.max_tokens, min_tokens=p.min_tokens, ignore_eos=p.ignore_eos,
-        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-        repetition_penalty=p.repetition_penalty, stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-    )
-    if p.seed is not None:
-        msg.seed = p.seed
-    if p.logprobs is not None:
-        msg.logprobs = p.logprobs
-    return msg
-
-
 def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprob:
     return common_pb2.TokenLogprob(
         token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,

@@ -34,8 +34,3 @@ def decode_stub(address: str) -> worker_pb2_grpc.DecodeStub:
 def kvstore_stub(address: str) -> kvstore_pb2_grpc.KVStoreStub:
     return kvstore_pb2_grpc.KVStoreStub(channel(address))
 
-
-async def close_all() -> None:
-    for ch in list(_channels.values()):
-        await ch.close()
-    _channels.clear()

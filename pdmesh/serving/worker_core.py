@@ -14,7 +14,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -44,7 +44,6 @@ class Counters:
     expired_leases: int = 0
     computed_prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 def compat_hash(model: str, dtype: str, block_size: int, algorithm: str, seed: int,

@@ -20,7 +20,6 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 
-import grpc
 
 from pdmesh.errors import UnknownRequestError
 from pdmesh.rpc.convert import logprob_from_proto, response_from_output, sampling_from_proto

@@ -11,7 +11,7 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from pdmesh.v1 import admin_pb2, admin_pb2_grpc, worker_pb2
+from pdmesh.v1 import admin_pb2_grpc, worker_pb2
 
 WORKER_ARGS = ["--dtype", "float32", "--num-blocks", "256", "--block-size", "16"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -14,7 +13,7 @@ import pytest
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.v1 import admin_pb2
-from tests.conftest import HFReference, mixed_prompts
+from tests.conftest import mixed_prompts
 from tests.integration.mesh.conftest import WORKER_ARGS, admin, wait_idle
 
 

@@ -146,7 +146,7 @@ def _service_config(args: argparse.Namespace, cls: type, env_prefix: str):  # ty
 def _run_service(coro_factory, cfg) -> int:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from pdmesh.telemetry_logging import setup_logging
+    from pdmesh.telemetry.logging_setup import setup_logging
 
     setup_logging()
     asyncio.run(coro_factory(cfg))
@@ -201,9 +201,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     mesh.start()
     try:
         print(f"{'redis':<10} {mesh.redis_url}")
-        for p in [*mesh.kvstore, *mesh.prefill, *mesh.decode]:
-            print(f"{p.name:<10} {p.address}")
-        print(f"{'router':<10} {mesh.router_address}")
+        for p in [*mesh.kvstore, *mesh.prefill, *mesh.decode, mesh.router]:
+            print(f"{p.name:<10} {p.address:<22} metrics http://{p.metrics_address}/metrics")
         print(f"pdmesh mesh ready: router on {mesh.router_address}", flush=True)
         if args.ready_file:
             Path(args.ready_file).write_text(mesh.router_address)

@@ -50,6 +50,8 @@ class Proc:
     popen: subprocess.Popen[bytes]
     address: str = ""
     log: Path | None = None
+    metrics_address: str = ""
+    """host:port of its Prometheus /metrics."""
 
 
 def redis_server_binary() -> str:
@@ -146,7 +148,8 @@ class Mesh:
             self.redis = None
 
     def _port_args(self, name: str, port: int = 0) -> list[str]:
-        return ["--port", str(port), "--port-file", str(self.log_dir / f"{name}.port")]
+        return ["--port", str(port), "--port-file", str(self.log_dir / f"{name}.port"),
+                "--metrics-port", "0"]
 
     def _spawn_worker(self, role: str, index: int) -> Proc:
         name = f"{role}-{index}"
@@ -186,6 +189,9 @@ class Mesh:
             if port_file.is_file() and not proc.address:
                 proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
             if proc.address and _serving(proc.address):
+                metrics_file = Path(str(port_file) + ".metrics")
+                if metrics_file.is_file():
+                    proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
                 return
             time.sleep(0.1)
         raise RuntimeError(f"{proc.name} not ready after {self.spec.start_timeout_s}s; log:\n{_tail(proc.log)}")

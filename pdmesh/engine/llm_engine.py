@@ -231,6 +231,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._to_render)
 
+    def orphan_blocks(self) -> int:
+        """Blocks in use that no live request owns; anything but 0 is a leak."""
+        live = set(self.scheduler._live) | set(self.handoff.reserved) | set(self.handoff.held)
+        owned = self.kv.block_ids_of_sequences(live)
+        return self.pool.stats().used - len(owned)
+
     def stats(self) -> BlockPoolStats:
         return self.pool.stats()
 

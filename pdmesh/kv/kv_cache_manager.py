@@ -42,6 +42,10 @@ class KVCacheManager:
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self._blocks.get(seq.seq_id, ())]
 
+    def block_ids_of_sequences(self, seq_ids: set[str]) -> set[int]:
+        """Distinct blocks held by these sequences."""
+        return {b.block_id for sid, blocks in self._blocks.items() if sid in seq_ids for b in blocks}
+
     def num_sequences(self) -> int:
         return len(self._blocks)
 

@@ -15,6 +15,8 @@ class WorkerConfig:
     port: int = 0
     """0 picks a free port (written to ``port_file``)."""
     port_file: str = ""
+    metrics_port: int = -1
+    """Prometheus /metrics port: -1 off, 0 any free port (written to ``{port_file}.metrics``)."""
     """Where to write the bound port, for launchers that start on port 0."""
     worker_id: str = ""
     """Unique name, also the NIXL agent name; empty = "{role}-{port}"."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from pdmesh.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdmesh.engine.async_engine import AsyncLLMEngine
@@ -28,6 +29,7 @@ from pdmesh.rpc.status import TransferFailedError
 from pdmesh.errors import IncompatibleWorkerError
 from pdmesh.serving.clients import kvstore_stub, worker_stub
 from pdmesh.serving.worker_config import WorkerConfig
+from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.v1 import worker_pb2
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,40 @@ class WorkerCore:
             tuple(kv.shape[1:]),
         )
         self.counters = Counters()
+        self.registry = CollectorRegistry()
+        self.request_metrics = RequestMetrics(self.registry, cfg.role)
+        self.registry.register(SnapshotCollector(lambda: self.aeng.call(self._metric_snapshot)))
+
+    def _metric_snapshot(self) -> list[tuple[str, str, str, float, dict[str, str]]]:
+        eng, c = self.engine, self.counters
+        s = eng.pool.stats()
+        role = {"role": self.cfg.role}
+        prompt = c.cached_prompt_tokens + c.computed_prompt_tokens
+        return [
+            ("gauge", "pdmesh_kv_blocks", "KV blocks by state", s.used, {**role, "state": "used"}),
+            ("gauge", "pdmesh_kv_blocks", "KV blocks by state", s.free, {**role, "state": "free"}),
+            ("gauge", "pdmesh_kv_blocks", "KV blocks by state", s.cached, {**role, "state": "cached"}),
+            ("gauge", "pdmesh_orphan_kv_blocks", "Blocks in use owned by no live request (a leak if > 0)",
+             eng.orphan_blocks(), role),
+            ("gauge", "pdmesh_queue_depth", "Requests waiting for admission", eng.scheduler.num_waiting, role),
+            ("gauge", "pdmesh_running_requests", "Requests running", len(eng.scheduler.running), role),
+            ("gauge", "pdmesh_kv_handoffs", "Reservations awaiting KV / KV held for a write",
+             len(eng.handoff.reserved) + len(eng.handoff.held), role),
+            ("counter", "pdmesh_prompt_tokens", "Prompt tokens by source", c.computed_prompt_tokens,
+             {**role, "source": "computed"}),
+            ("counter", "pdmesh_prompt_tokens", "Prompt tokens by source", c.cached_prompt_tokens,
+             {**role, "source": "cached"}),
+            ("counter", "pdmesh_prompt_tokens", "Prompt tokens by source", c.kvstore_fetched_tokens,
+             {**role, "source": "kvstore"}),
+            ("gauge", "pdmesh_prefix_cache_hit_rate", "Cached / all prompt tokens since start",
+             c.cached_prompt_tokens / prompt if prompt else 0.0, role),
+            ("counter", "pdmesh_kv_transfer_bytes", "KV bytes written to decode workers", c.kv_bytes_sent, role),
+            ("counter", "pdmesh_kv_transfer_seconds", "Time spent in KV writes", c.kv_transfer_seconds, role),
+            ("counter", "pdmesh_kv_overlapped_blocks", "Blocks sent while later chunks computed",
+             c.overlapped_blocks, role),
+            ("counter", "pdmesh_expired_leases", "Reservations freed because their KV never came",
+             c.expired_leases, role),
+        ]
 
     # -- Info -------------------------------------------------------------------------
     def info(self) -> worker_pb2.WorkerInfo:

@@ -9,6 +9,7 @@ import logging
 from pdmesh.rpc.server import create_server, serve_until_signal, set_serving
 from pdmesh.serving.worker_config import WorkerConfig
 from pdmesh.serving.worker_core import WorkerCore, write_port_file
+from pdmesh.telemetry.metrics import serve_metrics
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ async def serve_worker(cfg: WorkerConfig) -> None:
         tasks.append(asyncio.create_task(decode.reap_leases()))
         tasks.append(asyncio.create_task(decode.watch_notifications()))
     await server.start()
+    serve_metrics(core.registry, cfg.host, cfg.metrics_port, cfg.port_file)
     write_port_file(cfg.port_file, port)
     await set_serving(health, names, True)
     log.info("%s worker %s serving on %s", cfg.role, core.worker_id, core.address)

@@ -141,9 +141,13 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def _relay(self, rid: str, stream) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
         total = 0
+        timer = self.core.request_metrics.stream()
         async for out in stream:
-            total += len(out.outputs[0].token_ids) if out.outputs else 0
+            n = len(out.outputs[0].token_ids) if out.outputs else 0
+            total += n
+            timer.tokens(n)
             if out.finished:
                 cached = out.metrics.num_cached_tokens
                 self.core.counters.cached_prompt_tokens += cached
+                timer.done(out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown")
             yield response_from_output(out, rid, total)

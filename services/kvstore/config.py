@@ -13,6 +13,8 @@ class KVStoreConfig:
     host: str = "127.0.0.1"
     port: int = 0
     port_file: str = ""
+    metrics_port: int = -1
+    """Prometheus /metrics port: -1 off, 0 any free port (written to ``{port_file}.metrics``)."""
     worker_id: str = "kvstore-0"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     block_size: int = 16

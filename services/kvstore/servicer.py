@@ -15,12 +15,14 @@ import uuid
 from pathlib import Path
 
 import torch
+from prometheus_client import CollectorRegistry
 
 from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.loader import resolve_dtype
 from pdmesh.rpc.server import create_server, serve_until_signal, set_serving
 from pdmesh.serving.worker_core import compat_hash, write_port_file
+from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
 from pdmesh.v1 import kvstore_pb2, kvstore_pb2_grpc, worker_pb2
 from services.kvstore.config import KVStoreConfig
 from services.kvstore.store import BlockStore
@@ -90,7 +92,15 @@ async def serve_kvstore(cfg: KVStoreConfig) -> None:
         tasks.append(asyncio.create_task(publisher.run(
             servicer.store.take_events, lambda: list(servicer.store.stored)
         )))
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: [
+        ("gauge", "pdmesh_kvstore_blocks", "kvstore slots by state", len(servicer.store.stored), {"state": "stored"}),
+        ("gauge", "pdmesh_kvstore_blocks", "kvstore slots by state", len(servicer.store.free), {"state": "free"}),
+        ("gauge", "pdmesh_kvstore_reservations", "Offloads being written", len(servicer.store.reservations), {}),
+        ("counter", "pdmesh_kvstore_evictions", "Blocks evicted (LRU)", servicer.store.evictions, {}),
+    ]))
     await server.start()
+    serve_metrics(registry, cfg.host, cfg.metrics_port, cfg.port_file)
     write_port_file(cfg.port_file, port)
     await set_serving(health, NAMES, True)
     print(f"pdmesh kvstore {cfg.worker_id} ready on {servicer.address} "

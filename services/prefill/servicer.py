@@ -50,6 +50,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         )
         rid = request.request_id
         start = time.perf_counter()
+        timer = core.request_metrics.stream()
         ids = list(request.prompt_token_ids)
         if self.tier is not None:
             await self.tier.fetch(ids, params)
@@ -67,6 +68,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             await sender.stop()
             raise RuntimeError(f"prefill of {rid} produced no token")
         computed_at = time.perf_counter()
+        timer.tokens(1)
         offloading = False
         try:
             total_blocks = -(-len(ids) // core.cfg.block_size)
@@ -93,6 +95,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         )
         if comp.logprobs:
             resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
+        timer.done("prefilled")
         return resp
 
     async def _offload_then_release(self, rid: str) -> None:

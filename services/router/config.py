@@ -13,6 +13,8 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 0
     port_file: str = ""
+    metrics_port: int = -1
+    """Prometheus /metrics port: -1 off, 0 any free port (written to ``{port_file}.metrics``)."""
     prefill: tuple[str, ...] = ()
     """Prefill worker addresses (host:port)."""
     decode: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ import logging
 
 from pdmesh.rpc.server import create_server, serve_until_signal, set_serving
 from pdmesh.serving.worker_core import write_port_file
+from pdmesh.telemetry.metrics import serve_metrics
 from pdmesh.v1 import admin_pb2_grpc, generate_pb2_grpc
 from services.router.config import RouterConfig
 from services.router.registry import Registry
@@ -31,6 +32,7 @@ async def serve_router(cfg: RouterConfig) -> None:
     await registry.refresh()
     refresher = asyncio.create_task(registry.run())
     await server.start()
+    serve_metrics(core.registry, cfg.host, cfg.metrics_port, cfg.port_file)
     write_port_file(cfg.port_file, port)
     await set_serving(health, NAMES, True)
     print(f"pdmesh router ready on {cfg.host}:{port}", flush=True)

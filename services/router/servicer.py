@@ -19,22 +19,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
 from pdmesh.model.config import ModelConfig
-from pdmesh.rpc.convert import sampling_from_proto
+from pdmesh.rpc.convert import FINISH_NAMES, sampling_from_proto
 from pdmesh.rpc.status import UnavailableError
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.serving.clients import decode_stub, prefill_stub
 from pdmesh.serving.worker_core import remaining
+from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc, worker_pb2
 from services.router.config import RouterConfig
@@ -50,7 +53,7 @@ class RouterCore:
 
     def __init__(self, cfg: RouterConfig, registry: Registry, index=None) -> None:  # type: ignore[no-untyped-def]
         self.cfg = cfg
-        self.registry = registry
+        self.registry_of_workers = registry
         self.index = index
         self.tokenizer = Tokenizer(cfg.model)
         self.model_config = ModelConfig.from_dir(cfg.model)
@@ -63,6 +66,35 @@ class RouterCore:
         self.prefill_retries = 0
         self.inflight: dict[str, asyncio.Task[object]] = {}
         self.recent = RecentRoutes()
+        self.index_ok_at = time.monotonic()
+        self.registry = CollectorRegistry()
+        self.request_metrics = RequestMetrics(self.registry, "router")
+        self.registry.register(SnapshotCollector(self._metric_snapshot))
+
+    def _metric_snapshot(self) -> list[tuple[str, str, str, float, dict[str, str]]]:
+        out: list[tuple[str, str, str, float, dict[str, str]]] = []
+        for key, n in list(self.decisions.items()):
+            policy, _, reason = key.partition("/")
+            out.append(("counter", "pdmesh_routing_decisions", "Routing decisions by policy and reason",
+                        n, {"policy": policy, "reason": reason}))
+        out += [
+            ("counter", "pdmesh_local_prefills", "Prompts prefilled on the decode worker",
+             self.local_prefills, {}),
+            ("counter", "pdmesh_index_fallbacks", "Index lookups that failed (consistent hashing used)",
+             self.index_fallbacks, {}),
+            ("counter", "pdmesh_prefill_retries", "Requests retried on another prefill worker",
+             self.prefill_retries, {}),
+            ("gauge", "pdmesh_index_staleness_seconds", "Seconds since the index last answered",
+             time.monotonic() - self.index_ok_at if self.index is not None else 0.0, {}),
+            ("gauge", "pdmesh_requests_in_flight", "Requests the router is serving", len(self.inflight), {}),
+        ]
+        for w in self.registry_workers():
+            out.append(("gauge", "pdmesh_worker_healthy", "1 when the worker answers and is compatible",
+                        1.0 if w.healthy else 0.0, {"worker": w.worker_id, "role": w.role}))
+        return out
+
+    def registry_workers(self) -> list[WorkerHandle]:
+        return list(self.registry_of_workers.workers)
 
     # -- admission --------------------------------------------------------------------
     def prompt_ids(self, request: generate_pb2.GenerateRequest) -> list[int]:
@@ -95,7 +127,7 @@ class RouterCore:
     async def route_prefill(
         self, ids: list[int], params: SamplingParams, exclude: set[str]
     ) -> Decision | None:
-        candidates = [w for w in self.registry.healthy("prefill") if w.worker_id not in exclude]
+        candidates = [w for w in self.registry_of_workers.healthy("prefill") if w.worker_id not in exclude]
         if not candidates:
             return None
         hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
@@ -115,6 +147,7 @@ class RouterCore:
             return None, 0
         try:
             found = await self.index.longest_prefix(hashes)
+            self.index_ok_at = time.monotonic()
         except (RedisError, OSError) as exc:
             self.index_fallbacks += 1
             if self.index_fallbacks == 1 or self.index_fallbacks % 100 == 0:
@@ -128,7 +161,7 @@ class RouterCore:
         return matched, tier
 
     def route_decode(self) -> WorkerHandle:
-        candidates = self.registry.healthy("decode")
+        candidates = self.registry_of_workers.healthy("decode")
         if not candidates:
             raise UnavailableError("no healthy decode worker; retry later")
         return self.decode_policy.choose(candidates, RouteContext([], b"", None, self.cfg.block_size)).worker
@@ -149,8 +182,12 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         task = asyncio.current_task()
         if task is not None:
             core.inflight[rid] = task
+        timer = core.request_metrics.stream()
         try:
             async for resp in self._generate(rid, ids, params, request, context):
+                timer.tokens(len(resp.token_ids))
+                if resp.finish_reason:
+                    timer.done(FINISH_NAMES.get(resp.finish_reason) or "unknown")
                 yield resp
         finally:
             core.inflight.pop(rid, None)
@@ -239,7 +276,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             released = True
             await self._release(d_stub, rid)
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                self.core.registry.mark_down(prefill)
+                self.core.registry_of_workers.mark_down(prefill)
                 log.warning("prefill worker %s unavailable for %s: %s", prefill.worker_id, rid, exc.details())
                 return None
             raise
@@ -273,7 +310,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         return generate_pb2.TokenizeResponse(token_ids=self.core.tokenizer.encode(request.text))
 
     async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:  # noqa: N802
-        dtype = next((w.info.dtype for w in self.core.registry.workers if w.info is not None), "")
+        dtype = next((w.info.dtype for w in self.core.registry_of_workers.workers if w.info is not None), "")
         card = generate_pb2.ModelCard(
             name=Path(self.core.cfg.model).name,
             max_model_len=self.core.model_config.max_position_embeddings, dtype=dtype,
@@ -287,7 +324,7 @@ class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
 
     async def ListWorkers(self, request, context) -> admin_pb2.ListWorkersResponse:  # noqa: N802
         out = admin_pb2.ListWorkersResponse()
-        for w in self.core.registry.workers:
+        for w in self.core.registry_of_workers.workers:
             status = out.workers.add(address=w.address, healthy=w.healthy,
                                      refused_reason=w.refused, in_flight=w.in_flight)
             if w.info is not None:

@@ -1,0 +1,1 @@
+"""Logs and Prometheus metrics for every pdmesh process."""

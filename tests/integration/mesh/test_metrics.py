@@ -1,0 +1,60 @@
+"""/metrics on every service, parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh
+from tests.integration.mesh.conftest import wait_idle
+
+
+def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(samples, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    return sum(v for (n, ls), v in samples.items()
+               if n == name and all(dict(ls).get(k) == val for k, val in labels.items()))
+
+
+def test_metrics_agree_with_the_run(mesh: Mesh, client: Client) -> None:
+    router = mesh.router
+    assert router is not None and router.metrics_address
+    before = scrape(router.metrics_address)
+    rng = random.Random(101)
+    prefix = [rng.randrange(5, 1000) for _ in range(64)]
+    n = 6
+    for i in range(n):
+        out = client.complete(prefix + [rng.randrange(5, 1000) for _ in range(8)], max_tokens=3,
+                              temperature=0)
+        assert len(out.token_ids) == 3
+        if i == 0:
+            time.sleep(0.3)
+    after = scrape(router.metrics_address)
+    sent = total(after, "pdmesh_requests_total", role="router") - total(before, "pdmesh_requests_total", role="router")
+    assert sent == n
+    ttft = total(after, "pdmesh_time_to_first_token_seconds_count", role="router") - total(
+        before, "pdmesh_time_to_first_token_seconds_count", role="router")
+    assert ttft == n
+    assert total(after, "pdmesh_routing_decisions_total", policy="cache_aware") >= n
+    assert total(after, "pdmesh_worker_healthy") >= 3
+    wait_idle(mesh)
+    for proc in [*mesh.prefill, *mesh.decode]:
+        m = scrape(proc.metrics_address)
+        assert total(m, "pdmesh_orphan_kv_blocks") == 0, proc.name
+        assert total(m, "pdmesh_kv_blocks", state="used") == 0, proc.name
+    prefill = [scrape(p.metrics_address) for p in mesh.prefill]
+    assert max(total(m, "pdmesh_prefix_cache_hit_rate") for m in prefill) > 0
+    assert sum(total(m, "pdmesh_kv_transfer_bytes_total") for m in prefill) > 0
+    store = scrape(mesh.kvstore[0].metrics_address)
+    assert total(store, "pdmesh_kvstore_blocks", state="stored") > 0

@@ -15,6 +15,9 @@ class WorkerConfig:
     port: int = 0
     """0 picks a free port (written to ``port_file``)."""
     port_file: str = ""
+    advertise_address: str = ""
+    """host:port peers use to reach this process (empty: host:port, or this machine's
+    hostname when host is a wildcard such as 0.0.0.0)."""
     metrics_port: int = -1
     """Prometheus /metrics port: -1 off, 0 any free port (written to ``{port_file}.metrics``)."""
     """Where to write the bound port, for launchers that start on port 0."""

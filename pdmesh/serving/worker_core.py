@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ class WorkerCore:
         self.cfg = cfg
         self.port = port
         self.worker_id = cfg.resolved_id(port)
-        self.address = f"{cfg.host}:{port}"
+        self.address = advertised(cfg.advertise_address, cfg.host, port)
         self.epoch = uuid.uuid4().hex[:12]
         self.engine = LLMEngine(EngineConfig(
             model=cfg.model, dtype=cfg.dtype, device=cfg.device,
@@ -207,6 +208,15 @@ class WorkerCore:
                 await asyncio.sleep(0.0005)
         finally:
             self.transport.release(handle)
+
+
+def advertised(explicit: str, host: str, port: int) -> str:
+    """The address other processes should dial to reach a server bound to host:port."""
+    if explicit:
+        return explicit
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        return f"{socket.gethostname()}:{port}"
+    return f"{host}:{port}"
 
 
 def write_port_file(path: str, port: int) -> None:

@@ -13,6 +13,9 @@ class KVStoreConfig:
     host: str = "127.0.0.1"
     port: int = 0
     port_file: str = ""
+    advertise_address: str = ""
+    """host:port peers use to reach this process (empty: host:port, or this machine's
+    hostname when host is a wildcard such as 0.0.0.0)."""
     metrics_port: int = -1
     """Prometheus /metrics port: -1 off, 0 any free port (written to ``{port_file}.metrics``)."""
     worker_id: str = "kvstore-0"

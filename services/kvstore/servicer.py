@@ -21,7 +21,7 @@ from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.loader import resolve_dtype
 from pdmesh.rpc.server import create_server, serve_until_signal, set_serving
-from pdmesh.serving.worker_core import compat_hash, write_port_file
+from pdmesh.serving.worker_core import advertised, compat_hash, write_port_file
 from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
 from pdmesh.v1 import kvstore_pb2, kvstore_pb2_grpc, worker_pb2
 from services.kvstore.config import KVStoreConfig
@@ -82,7 +82,7 @@ async def progress_pump(servicer: KVStoreServicer) -> None:
 
 async def serve_kvstore(cfg: KVStoreConfig) -> None:
     server, port, health = create_server(f"{cfg.host}:{cfg.port}", NAMES)
-    servicer = KVStoreServicer(cfg, f"{cfg.host}:{port}")
+    servicer = KVStoreServicer(cfg, advertised(cfg.advertise_address, cfg.host, port))
     kvstore_pb2_grpc.add_KVStoreServicer_to_server(servicer, server)
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(progress_pump(servicer))]
     if cfg.redis_url:

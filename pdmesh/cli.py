@@ -143,13 +143,18 @@ def _service_config(args: argparse.Namespace, cls: type, env_prefix: str):  # ty
     return load_config(cls, args.config, env_prefix, overrides)
 
 
-def _run_service(coro_factory, cfg) -> int:  # type: ignore[no-untyped-def]
+def _run_service(coro_factory, cfg, name: str) -> int:  # type: ignore[no-untyped-def]
     import asyncio
 
     from pdmesh.telemetry.logging_setup import setup_logging
+    from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 
     setup_logging()
-    asyncio.run(coro_factory(cfg))
+    setup_tracing(f"pdmesh-{name}")
+    try:
+        asyncio.run(coro_factory(cfg))
+    finally:
+        shutdown_tracing()
     return 0
 
 
@@ -160,7 +165,7 @@ def _cmd_worker(role: str):  # type: ignore[no-untyped-def]
 
         args.role = role
         cfg = _service_config(args, WorkerConfig, "PDMESH_WORKER_")
-        return _run_service(serve_worker, cfg)
+        return _run_service(serve_worker, cfg, role)
 
     return run
 
@@ -169,14 +174,14 @@ def _cmd_router(args: argparse.Namespace) -> int:
     from services.router.config import RouterConfig
     from services.router.server import serve_router
 
-    return _run_service(serve_router, _service_config(args, RouterConfig, "PDMESH_ROUTER_"))
+    return _run_service(serve_router, _service_config(args, RouterConfig, "PDMESH_ROUTER_"), "router")
 
 
 def _cmd_kvstore(args: argparse.Namespace) -> int:
     from services.kvstore.config import KVStoreConfig
     from services.kvstore.servicer import serve_kvstore
 
-    return _run_service(serve_kvstore, _service_config(args, KVStoreConfig, "PDMESH_KVSTORE_"))
+    return _run_service(serve_kvstore, _service_config(args, KVStoreConfig, "PDMESH_KVSTORE_"), "kvstore")
 
 
 def _cmd_up(args: argparse.Namespace) -> int:

@@ -173,7 +173,9 @@ class Mesh:
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"))
+        # OTEL_* variables pass through; each process names itself after its role.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"),
+                   OTEL_SERVICE_NAME=f"pdmesh-{args[0]}")
         popen = subprocess.Popen(
             [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
             stderr=subprocess.STDOUT, env=env, start_new_session=True,

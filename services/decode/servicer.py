@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -26,6 +27,7 @@ from pdmesh.rpc.convert import logprob_from_proto, response_from_output, samplin
 from pdmesh.rpc.status import TransferFailedError
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.serving.worker_core import WorkerCore, now_ms
+from pdmesh.telemetry import tracing
 from pdmesh.v1 import generate_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,13 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         rid = request.request_id
         params = self._params(request)
         ids = list(request.prompt_token_ids)
-        res = core.aeng.call(lambda: core.engine.handoff.reserve(rid, ids, params))
+        span = tracing.start_span("decode.reserve", tracing.incoming(context), request_id=rid,
+                                  prompt_tokens=len(ids))
+        try:
+            res = core.aeng.call(lambda: core.engine.handoff.reserve(rid, ids, params))
+            span.set_attributes({"pdmesh.blocks": len(res.block_ids), "pdmesh.cached_tokens": res.cached_tokens})
+        finally:
+            span.end()
         expiry = now_ms() + (request.lease_ms or core.cfg.lease_ms)
         transfer_id = f"{rid}/{uuid.uuid4().hex[:8]}"
         self._leases[rid] = expiry
@@ -117,17 +125,21 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         transfer_id = self._transfer_ids.get(rid)
         if expiry is None or transfer_id is None:
             raise UnknownRequestError(f"no reservation for {rid} (expired or released)")
+        span = tracing.start_span("decode", tracing.incoming(context), request_id=rid)
         try:
+            waited = time.monotonic()
             await self._wait_for_kv(rid, request.transfer_id or transfer_id, expiry)
+            span.set_attribute("pdmesh.kv_wait_ms", 1000 * (time.monotonic() - waited))
             self._transfer_ids.pop(rid, None)
             lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
 
             def commit() -> None:
                 core.engine.handoff.commit(rid, request.first_token_id, lp, request.cached_tokens)
 
-            async for resp in self._relay(rid, core.aeng.stream(rid, commit)):
+            async for resp in self._relay(rid, core.aeng.stream(rid, commit), span):
                 yield resp
         finally:
+            span.end()
             # A no-op once committed (the stream's own exit aborts a running request);
             # frees the reservation if we never got that far.
             self._transfer_ids.pop(rid, None)
@@ -135,11 +147,16 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def GenerateLocal(self, request: worker_pb2.ReserveRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         params = self._params(request)
+        span = tracing.start_span("decode.local", tracing.incoming(context), request_id=request.request_id,
+                                  prompt_tokens=len(request.prompt_token_ids))
         stream = self.core.aeng.generate(list(request.prompt_token_ids), params, request.request_id)
-        async for resp in self._relay(request.request_id, stream):
-            yield resp
+        try:
+            async for resp in self._relay(request.request_id, stream, span):
+                yield resp
+        finally:
+            span.end()
 
-    async def _relay(self, rid: str, stream) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
+    async def _relay(self, rid: str, stream, span) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
         total = 0
         timer = self.core.request_metrics.stream()
         async for out in stream:
@@ -149,5 +166,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             if out.finished:
                 cached = out.metrics.num_cached_tokens
                 self.core.counters.cached_prompt_tokens += cached
-                timer.done(out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown")
+                reason = out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown"
+                timer.done(reason)
+                span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": total,
+                                     "pdmesh.cached_tokens": cached})
             yield response_from_output(out, rid, total)

@@ -22,6 +22,7 @@ from pdmesh.model.config import ModelConfig
 from pdmesh.model.loader import resolve_dtype
 from pdmesh.rpc.server import create_server, serve_until_signal, set_serving
 from pdmesh.serving.worker_core import advertised, compat_hash, write_port_file
+from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
 from pdmesh.v1 import kvstore_pb2, kvstore_pb2_grpc, worker_pb2
 from services.kvstore.config import KVStoreConfig
@@ -61,11 +62,17 @@ class KVStoreServicer(kvstore_pb2_grpc.KVStoreServicer):
         )
 
     async def Lookup(self, request, context) -> kvstore_pb2.LookupResponse:  # noqa: N802
+        span = tracing.start_span("kvstore.get", tracing.incoming(context), blocks=len(request.block_hashes))
         slots = self.store.lookup(list(request.block_hashes), (request.pin_ms or 10_000) / 1000)
+        span.set_attribute("pdmesh.hit_blocks", len(slots))
+        span.end()
         return kvstore_pb2.LookupResponse(slot_ids=slots)
 
     async def Reserve(self, request, context) -> kvstore_pb2.StoreReserveResponse:  # noqa: N802
+        span = tracing.start_span("kvstore.put", tracing.incoming(context), blocks=len(request.block_hashes))
         rid, slots = self.store.reserve(list(request.block_hashes))
+        span.set_attribute("pdmesh.new_blocks", sum(1 for s in slots if s >= 0))
+        span.end()
         return kvstore_pb2.StoreReserveResponse(slot_ids=slots, reservation_id=rid)
 
     async def Commit(self, request, context) -> kvstore_pb2.CommitResponse:  # noqa: N802

@@ -21,6 +21,7 @@ from pdmesh.rpc.status import TransferFailedError
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.serving.clients import kvstore_stub
 from pdmesh.serving.worker_core import WorkerCore
+from pdmesh.telemetry import tracing
 from pdmesh.v1 import kvstore_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class KVStoreTier:
         self.failures += 1
         log.warning("kvstore %s failed (%s); continuing without it", what, exc)
 
-    async def fetch(self, ids: list[int], params: SamplingParams) -> int:
+    async def fetch(self, ids: list[int], params: SamplingParams, ctx=None) -> int:  # type: ignore[no-untyped-def]
         """Import the prompt's leading blocks the store has and we lack; returns tokens imported."""
         core = self.core
         eng = core.engine
@@ -66,7 +67,7 @@ class KVStoreTier:
             peer = await self._connect()
             resp = await kvstore_stub(self.address).Lookup(
                 kvstore_pb2.LookupRequest(block_hashes=hashes[local:], pin_ms=int(self.timeout * 1000)),
-                timeout=2.0,
+                metadata=tracing.outgoing(ctx), timeout=2.0,
             )
         except _FAILURES as exc:
             self._failed("lookup", exc)
@@ -91,7 +92,7 @@ class KVStoreTier:
         core.counters.kvstore_fetched_tokens += n * bs
         return n * bs
 
-    async def offload(self, request_id: str) -> None:
+    async def offload(self, request_id: str, ctx=None) -> None:  # type: ignore[no-untyped-def]
         """Copy the held prompt's full blocks the store lacks into it (call before release)."""
         core = self.core
         hashes, block_ids = core.aeng.call(lambda: core.engine.handoff.offload_plan(request_id))
@@ -100,7 +101,8 @@ class KVStoreTier:
         stub = kvstore_stub(self.address)
         try:
             peer = await self._connect()
-            resp = await stub.Reserve(kvstore_pb2.StoreReserveRequest(block_hashes=hashes), timeout=2.0)
+            resp = await stub.Reserve(kvstore_pb2.StoreReserveRequest(block_hashes=hashes),
+                                      metadata=tracing.outgoing(ctx), timeout=2.0)
         except _FAILURES as exc:
             self._failed("reserve", exc)
             return
@@ -115,7 +117,7 @@ class KVStoreTier:
         finally:
             try:
                 await stub.Commit(kvstore_pb2.CommitRequest(reservation_id=resp.reservation_id, ok=ok),
-                                  timeout=2.0)
+                                  metadata=tracing.outgoing(ctx), timeout=2.0)
             except _FAILURES as exc:
                 self._failed("commit", exc)
         if ok:

@@ -25,6 +25,7 @@ import grpc
 
 from pdmesh.rpc.convert import logprob_to_proto, sampling_from_proto
 from pdmesh.serving.worker_core import WorkerCore, remaining
+from pdmesh.telemetry import tracing
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
@@ -52,31 +53,59 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         start = time.perf_counter()
         timer = core.request_metrics.stream()
         ids = list(request.prompt_token_ids)
+        span = tracing.start_span("prefill", tracing.incoming(context), request_id=rid,
+                                  prompt_tokens=len(ids), destination=dest.worker_id)
+        try:
+            return await self._prefill(request, context, params, rid, ids, start, timer, span)
+        except Exception as exc:
+            span.record_exception(exc)
+            raise
+        finally:
+            span.end()
+
+    async def _prefill(self, request, context, params, rid, ids, start, timer, span):  # type: ignore[no-untyped-def]
+        core = self.core
+        dest = request.destination
+        sctx = tracing.child_context(span)
         if self.tier is not None:
-            await self.tier.fetch(ids, params)
+            fetch = tracing.start_span("kvstore.fetch", sctx)
+            fetched = await self.tier.fetch(ids, params, tracing.child_context(fetch))
+            fetch.set_attribute("pdmesh.fetched_tokens", fetched)
+            fetch.end()
         final = None
         sender = ChunkSender(core, rid, dest,
                              min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s))
+        transfer = tracing.start_span("kv_transfer", sctx, peer=dest.worker_id,
+                                      first_block=dest.first_block,
+                                      bytes_needed=len(dest.block_ids) * core.transport.block_bytes)
         sender.start()
         try:
             async for out in core.aeng.generate(ids, params, rid, hold_kv=True):
                 final = out
         except BaseException:
             await sender.stop()
+            transfer.end()
             raise
         if final is None or not final.outputs:
             await sender.stop()
+            transfer.end()
             raise RuntimeError(f"prefill of {rid} produced no token")
         computed_at = time.perf_counter()
         timer.tokens(1)
         offloading = False
         try:
             total_blocks = -(-len(ids) // core.cfg.block_size)
-            sent_blocks = await sender.finish(total_blocks)
+            try:
+                sent_blocks = await sender.finish(total_blocks)
+            finally:
+                transfer.set_attributes({"pdmesh.bytes": sender.bytes,
+                                         "pdmesh.blocks": sender.sent - dest.first_block,
+                                         "pdmesh.overlapped_blocks": sender.overlapped_blocks})
+                transfer.end()
             moved = sender.bytes
             core.counters.overlapped_blocks += sender.overlapped_blocks
             if self.tier is not None:
-                task = asyncio.create_task(self._offload_then_release(rid))
+                task = asyncio.create_task(self._offload_then_release(rid, sctx))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 offloading = True
@@ -86,6 +115,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         done = time.perf_counter()
         comp = final.outputs[0]
         cached = final.metrics.num_cached_tokens
+        m = final.metrics
+        span.set_attributes({
+            "pdmesh.cached_tokens": cached, "pdmesh.computed_tokens": len(ids) - cached,
+            "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
+        })
         core.counters.cached_prompt_tokens += cached
         core.counters.computed_prompt_tokens += len(request.prompt_token_ids) - cached
         resp = worker_pb2.PrefillResponse(
@@ -98,9 +132,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         timer.done("prefilled")
         return resp
 
-    async def _offload_then_release(self, rid: str) -> None:
+    async def _offload_then_release(self, rid: str, ctx) -> None:  # type: ignore[no-untyped-def]
+        span = tracing.start_span("kvstore.offload", ctx, request_id=rid)
         try:
             if self.tier is not None:
-                await self.tier.offload(rid)
+                await self.tier.offload(rid, tracing.child_context(span))
         finally:
+            span.end()
             self.core.aeng.call(lambda: self.core.engine.handoff.release(rid))

@@ -37,6 +37,7 @@ from pdmesh.rpc.status import UnavailableError
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.serving.clients import decode_stub, prefill_stub
 from pdmesh.serving.worker_core import remaining
+from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc, worker_pb2
@@ -125,14 +126,18 @@ class RouterCore:
 
     # -- routing ----------------------------------------------------------------------
     async def route_prefill(
-        self, ids: list[int], params: SamplingParams, exclude: set[str]
+        self, ids: list[int], params: SamplingParams, exclude: set[str], ctx=None  # type: ignore[no-untyped-def]
     ) -> Decision | None:
         candidates = [w for w in self.registry_of_workers.healthy("prefill") if w.worker_id not in exclude]
         if not candidates:
             return None
         hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
+        lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
         matched, tier = await self._matched(hashes, candidates)
+        lookup.set_attribute("pdmesh.index_available", matched is not None)
+        lookup.set_attribute("pdmesh.kvstore_blocks", tier)
+        lookup.end()
         decision = self.prefill_policy.choose(
             candidates, RouteContext(hashes, key, matched, self.cfg.block_size, tier)
         )
@@ -183,37 +188,62 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         if task is not None:
             core.inflight[rid] = task
         timer = core.request_metrics.stream()
+        span = tracing.start_span("router.generate", tracing.incoming(context), request_id=rid,
+                                  model=Path(core.cfg.model).name, prompt_tokens=len(ids))
+        ctx = tracing.child_context(span)
+        finish = "cancelled"
         try:
-            async for resp in self._generate(rid, ids, params, request, context):
+            async for resp in self._generate(rid, ids, params, request, context, ctx):
                 timer.tokens(len(resp.token_ids))
                 if resp.finish_reason:
-                    timer.done(FINISH_NAMES.get(resp.finish_reason) or "unknown")
+                    finish = FINISH_NAMES.get(resp.finish_reason) or "unknown"
+                    timer.done(finish)
+                    span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
+                    span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
                 yield resp
+        except Exception as exc:
+            finish = "error"
+            span.record_exception(exc)
+            raise
         finally:
+            span.set_attribute("pdmesh.finish_reason", finish)
+            span.end()
             core.inflight.pop(rid, None)
 
-    async def _generate(self, rid, ids, params, request, context):  # type: ignore[no-untyped-def]
+    async def _generate(self, rid, ids, params, request, context, ctx):  # type: ignore[no-untyped-def]
         core = self.core
         cfg = core.cfg
         decode = core.route_decode()
         tried: set[str] = set()
         decode.in_flight += 1
+        meta = tracing.outgoing(ctx)
         try:
             while True:
-                choice = await core.route_prefill(ids, params, tried)
+                route = tracing.start_span("router.route", ctx, decode=decode.worker_id,
+                                           candidates=len(core.registry_of_workers.healthy("prefill")))
+                choice = await core.route_prefill(ids, params, tried, tracing.child_context(route))
                 local_reason = self._local_reason(choice, ids)
+                route.set_attributes({
+                    "pdmesh.policy": core.prefill_policy.name,
+                    "pdmesh.prefill": choice.worker.worker_id if choice else "",
+                    "pdmesh.reason": choice.reason if choice else "",
+                    "pdmesh.cached_prefix_tokens": choice.cached_tokens if choice else 0,
+                    "pdmesh.fallback": local_reason,
+                })
+                route.end()
                 if local_reason:
                     core.local_prefills += 1
                     core.decisions[f"local/{local_reason}"] += 1
                     async for resp in self._relay(decode, decode_stub(decode.address).GenerateLocal(
-                        self._reserve_msg(rid, ids, params, request), timeout=remaining(context, cfg.request_timeout_s),
+                        self._reserve_msg(rid, ids, params, request), metadata=meta,
+                        timeout=remaining(context, cfg.request_timeout_s),
                     )):
                         yield resp
                     return
                 if choice is None:
                     raise RuntimeError("no prefill choice although local prefill was not chosen")
                 core.decisions[f"{core.prefill_policy.name}/{choice.reason}"] += 1
-                first = await self._prefill(rid, ids, params, request, context, decode, choice)
+                first = await self._prefill(rid, ids, params, request, context, decode, choice, meta)
                 if first is None:  # the prefill worker was unreachable: try another once
                     tried.add(choice.worker.worker_id)
                     core.prefill_retries += 1
@@ -229,7 +259,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 if presp.HasField("first_logprob"):
                     msg.first_logprob.CopyFrom(presp.first_logprob)
                 call = decode_stub(decode.address).Decode(
-                    msg, timeout=remaining(context, cfg.request_timeout_s)
+                    msg, metadata=meta, timeout=remaining(context, cfg.request_timeout_s)
                 )
                 async for resp in self._relay(decode, call):
                     yield resp
@@ -253,12 +283,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             cache_salt=request.cache_salt, lease_ms=self.core.cfg.lease_ms,
         )
 
-    async def _prefill(self, rid, ids, params, request, context, decode, choice):  # type: ignore[no-untyped-def]
+    async def _prefill(self, rid, ids, params, request, context, decode, choice, meta):  # type: ignore[no-untyped-def]
         """Reserve on D, prefill on P; None when P was unreachable (D's blocks released)."""
         cfg = self.core.cfg
         d_stub = decode_stub(decode.address)
         handle = await d_stub.Reserve(
-            self._reserve_msg(rid, ids, params, request), timeout=remaining(context, cfg.request_timeout_s)
+            self._reserve_msg(rid, ids, params, request), metadata=meta,
+            timeout=remaining(context, cfg.request_timeout_s),
         )
         prefill = choice.worker
         prefill.in_flight += 1
@@ -269,7 +300,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                     request_id=rid, prompt_token_ids=ids, sampling=request.sampling,
                     cache_salt=request.cache_salt, destination=handle,
                 ),
-                timeout=remaining(context, cfg.request_timeout_s),
+                metadata=meta, timeout=remaining(context, cfg.request_timeout_s),
             )
             return presp, handle
         except grpc.aio.AioRpcError as exc:

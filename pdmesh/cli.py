@@ -218,6 +218,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_tracing(args: argparse.Namespace) -> int:
+    from pdmesh.bench.tracing import run_tracing_bench
+
+    run_tracing_bench(args)
+    return 0
+
+
 def _cmd_bench_mesh(args: argparse.Namespace) -> int:
     from pdmesh.bench.mesh import run_mesh_bench
 
@@ -302,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     bmesh.add_argument("--out", default="bench-results/mesh.json")
     bmesh.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bmesh.set_defaults(func=_cmd_bench_mesh)
+    btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
+    btr.add_argument("--requests", type=int, default=5000)
+    btr.add_argument("--out", default="bench-results/tracing.json")
+    btr.set_defaults(func=_cmd_bench_tracing)
     return parser
 
 

@@ -64,12 +64,16 @@ def outgoing(ctx: otel_context.Context | None) -> Sequence[tuple[str, str]] | No
 
 def start_span(name: str, parent: otel_context.Context | None, **attributes: object) -> trace.Span:
     """A span under ``parent`` (a context from ``incoming`` or ``child_context``)."""
+    if not _enabled:
+        return trace.INVALID_SPAN  # shared no-op span: tracing off costs a branch
     return tracer().start_span(name, context=parent, attributes={
         f"pdmesh.{k}": v for k, v in attributes.items() if v is not None  # type: ignore[misc]
     })
 
 
-def child_context(span: trace.Span) -> otel_context.Context:
+def child_context(span: trace.Span) -> otel_context.Context | None:
+    if not _enabled:
+        return None
     return trace.set_span_in_context(span)
 
 

@@ -28,6 +28,7 @@ from pdmesh.rpc.status import TransferFailedError
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.serving.worker_core import WorkerCore, now_ms
 from pdmesh.telemetry import tracing
+from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import generate_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         ids = list(request.prompt_token_ids)
         span = tracing.start_span("decode.reserve", tracing.incoming(context), request_id=rid,
                                   prompt_tokens=len(ids))
+        bind_request(rid, span)
         try:
             res = core.aeng.call(lambda: core.engine.handoff.reserve(rid, ids, params))
             span.set_attributes({"pdmesh.blocks": len(res.block_ids), "pdmesh.cached_tokens": res.cached_tokens})
@@ -126,6 +128,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if expiry is None or transfer_id is None:
             raise UnknownRequestError(f"no reservation for {rid} (expired or released)")
         span = tracing.start_span("decode", tracing.incoming(context), request_id=rid)
+        bind_request(rid, span)
         try:
             waited = time.monotonic()
             await self._wait_for_kv(rid, request.transfer_id or transfer_id, expiry)

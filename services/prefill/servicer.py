@@ -26,6 +26,7 @@ import grpc
 from pdmesh.rpc.convert import logprob_to_proto, sampling_from_proto
 from pdmesh.serving.worker_core import WorkerCore, remaining
 from pdmesh.telemetry import tracing
+from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
@@ -55,6 +56,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         ids = list(request.prompt_token_ids)
         span = tracing.start_span("prefill", tracing.incoming(context), request_id=rid,
                                   prompt_tokens=len(ids), destination=dest.worker_id)
+        bind_request(rid, span)
         try:
             return await self._prefill(request, context, params, rid, ids, start, timer, span)
         except Exception as exc:

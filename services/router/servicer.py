@@ -38,6 +38,7 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.serving.clients import decode_stub, prefill_stub
 from pdmesh.serving.worker_core import remaining
 from pdmesh.telemetry import tracing
+from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc, worker_pb2
@@ -191,6 +192,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         span = tracing.start_span("router.generate", tracing.incoming(context), request_id=rid,
                                   model=Path(core.cfg.model).name, prompt_tokens=len(ids))
         ctx = tracing.child_context(span)
+        bind_request(rid, span)
         finish = "cancelled"
         try:
             async for resp in self._generate(rid, ids, params, request, context, ctx):

@@ -17,3 +17,14 @@ def test_bench_engine_quick_writes_table_and_json(llama_dir: Path, tmp_path: Pat
     metrics = {(r["workload"], r["metric"]) for r in data["rows"]}
     assert ("decode batch 1 (best of 3)", "tok/s") in metrics
     assert all(r["pdmesh"] > 0 for r in data["rows"])
+
+
+def test_bench_tracing_reports_off_and_on(tmp_path: Path) -> None:
+    out = tmp_path / "tracing.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdmesh", "bench", "tracing", "--requests", "300", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert 0 < data["off_us_per_request"] < data["on_us_per_request"]

@@ -164,6 +164,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         timer = self.core.request_metrics.stream()
         async for out in stream:
             n = len(out.outputs[0].token_ids) if out.outputs else 0
+            if n and not total:
+                m = out.metrics
+                span.set_attributes({
+                    "pdmesh.first_token_ms": 1000 * (time.monotonic() - timer.start),
+                    "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
+                })
             total += n
             timer.tokens(n)
             if out.finished:

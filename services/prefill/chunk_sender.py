@@ -17,7 +17,8 @@ from pdmesh.v1 import worker_pb2
 
 
 class ChunkSender:
-    def __init__(self, core: WorkerCore, rid: str, dest: worker_pb2.KvHandle, timeout: float) -> None:
+    def __init__(self, core: WorkerCore, rid: str, dest: worker_pb2.KvHandle, timeout: float,
+                 span=None) -> None:  # type: ignore[no-untyped-def]
         self.core = core
         self.rid = rid
         self.dest = dest
@@ -30,6 +31,8 @@ class ChunkSender:
         self._wake = asyncio.Event()
         self._error: BaseException | None = None
         self._closing = False
+        self._span = span
+        """The prefill span: one event per prefill chunk that completed blocks."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -37,6 +40,8 @@ class ChunkSender:
         self._task = asyncio.create_task(self._run())
 
     def advance(self, full_blocks: int) -> None:
+        if self._span is not None:
+            self._span.add_event("prefill_chunk", {"pdmesh.full_blocks": full_blocks})
         if full_blocks > self.ready:
             self.ready = full_blocks
             self._wake.set()

@@ -76,7 +76,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             fetch.end()
         final = None
         sender = ChunkSender(core, rid, dest,
-                             min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s))
+                             min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
+                             span)
         transfer = tracing.start_span("kv_transfer", sctx, peer=dest.worker_id,
                                       first_block=dest.first_block,
                                       bytes_needed=len(dest.block_ids) * core.transport.block_bytes)

@@ -137,6 +137,8 @@ class RouterCore:
         lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
         matched, tier = await self._matched(hashes, candidates)
         lookup.set_attribute("pdmesh.index_available", matched is not None)
+        if matched:  # the candidates' scores' main input: cached leading blocks per worker
+            lookup.set_attribute("pdmesh.matched_blocks", ",".join(f"{w}={n}" for w, n in sorted(matched.items())))
         lookup.set_attribute("pdmesh.kvstore_blocks", tier)
         lookup.end()
         decision = self.prefill_policy.choose(

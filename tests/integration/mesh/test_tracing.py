@@ -71,3 +71,8 @@ def test_one_trace_spans_router_prefill_transfer_and_decode(llama_dir: Path, tmp
     assert by_name["kv_transfer"].parent_span_id == by_name["prefill"].span_id
     route = {a.key: a.value for a in by_name["router.route"].attributes}
     assert route["pdmesh.prefill"].string_value == "prefill-0"
+    prefill = {a.key: a.value for a in by_name["prefill"].attributes}
+    assert prefill["pdmesh.computed_tokens"].int_value + prefill["pdmesh.cached_tokens"].int_value == 70
+    assert any(e.name == "prefill_chunk" for e in by_name["prefill"].events)
+    decode = {a.key for a in by_name["decode"].attributes}
+    assert {"pdmesh.kv_wait_ms", "pdmesh.first_token_ms", "pdmesh.finish_reason"} <= decode

@@ -72,7 +72,8 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Abort a request started by Generate (on this router); frees its KV on every worker.
+        """Abort a request started by Generate (on this router): its stream ends with
+        FINISH_REASON_ABORT and every worker frees its KV.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

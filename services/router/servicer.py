@@ -41,7 +41,7 @@ from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
-from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc, worker_pb2
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, generate_pb2, generate_pb2_grpc, worker_pb2
 from services.router.config import RouterConfig
 from services.router.policies import Decision, RouteContext, build_policy
 from services.router.recent import RecentRoutes
@@ -68,6 +68,8 @@ class RouterCore:
         self.prefill_retries = 0
         self.inflight: dict[str, asyncio.Task[object]] = {}
         self.recent = RecentRoutes()
+        self.aborted: set[str] = set()
+        """Requests whose Abort() is unwinding their Generate stream."""
         self.index_ok_at = time.monotonic()
         self.registry = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.registry, "router")
@@ -196,8 +198,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         ctx = tracing.child_context(span)
         bind_request(rid, span)
         finish = "cancelled"
+        produced = 0
         try:
             async for resp in self._generate(rid, ids, params, request, context, ctx):
+                produced += len(resp.token_ids)
                 timer.tokens(len(resp.token_ids))
                 if resp.finish_reason:
                     finish = FINISH_NAMES.get(resp.finish_reason) or "unknown"
@@ -205,6 +209,17 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                     span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
                     span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
                 yield resp
+        except asyncio.CancelledError:
+            if rid not in core.aborted:
+                raise  # the caller went away: nothing to tell it
+            # Abort(): every downstream call was cancelled on the way out (their finally
+            # blocks released the KV); end the stream the way the contract says.
+            finish = "abort"
+            timer.done(finish)
+            yield generate_pb2.GenerateResponse(
+                request_id=rid, finish_reason=common_pb2.FINISH_REASON_ABORT,
+                usage=generate_pb2.Usage(prompt_tokens=len(ids), completion_tokens=produced),
+            )
         except Exception as exc:
             finish = "error"
             span.record_exception(exc)
@@ -213,6 +228,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             span.set_attribute("pdmesh.finish_reason", finish)
             span.end()
             core.inflight.pop(rid, None)
+            core.aborted.discard(rid)
 
     async def _generate(self, rid, ids, params, request, context, ctx):  # type: ignore[no-untyped-def]
         core = self.core
@@ -335,9 +351,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             call.cancel()  # no-op when finished; aborts the decode side when we leave early
 
     async def Abort(self, request, context) -> generate_pb2.AbortResponse:  # noqa: N802
-        task = self.core.inflight.pop(request.request_id, None)
-        if task is None:
+        task = self.core.inflight.get(request.request_id)
+        if task is None or request.request_id in self.core.aborted:
             return generate_pb2.AbortResponse(aborted=False)
+        self.core.aborted.add(request.request_id)
         task.cancel()
         return generate_pb2.AbortResponse(aborted=True)
 

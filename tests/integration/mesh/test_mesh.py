@@ -177,3 +177,22 @@ def test_blocks_travel_while_later_chunks_compute(mesh: Mesh, client: Client, hf
     block_bytes = after["decode-0"].kv_block_bytes
     assert sent == 19 * block_bytes  # ceil(300 / 16) blocks, each sent once
     assert 12 <= early < 19  # the blocks of the first four chunks went before the last one
+
+
+def test_abort_ends_the_stream_with_abort_and_frees_blocks(mesh: Mesh, client: Client) -> None:
+    stream = client.generate([5, 6, 7, 8] * 10, request_id="to-abort", max_tokens=400, ignore_eos=True,
+                             temperature=0)
+    got = 0
+    last = None
+    aborted = False
+    for resp in stream:
+        got += len(resp.token_ids)
+        last = resp
+        if got >= 3 and not aborted:
+            with Client(mesh.router_address) as other:
+                assert other.abort("to-abort")
+            aborted = True
+    assert last is not None and last.finish_reason == 3  # FINISH_REASON_ABORT
+    assert 3 <= last.usage.completion_tokens < 400
+    assert not client.abort("to-abort")  # no longer in flight
+    wait_idle(mesh)

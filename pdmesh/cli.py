@@ -71,20 +71,32 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     engine.add_request("cli-0", engine.tokenizer.encode(prompt) if args.chat else prompt, params)
     start = time.monotonic()
     last = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            for c in out.outputs:
-                sys.stdout.write(c.text)
-                sys.stdout.flush()
-            last = out
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    n_out = 0  # outputs are deltas: count as they stream
+
+    def deltas():  # type: ignore[no-untyped-def]
+        nonlocal last, n_out
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                last = out
+                for c in out.outputs:
+                    n_out += len(c.token_ids)
+                    yield c.text
+
+    _print_stream(deltas())
     if last is not None:
         m = last.metrics
-        n_out = sum(len(c.token_ids) for c in last.outputs)
         _summary(last.outputs[0].finish_reason if last.outputs else None, len(last.prompt_token_ids),
                  n_out, m.num_cached_tokens, m.ttft or 0.0, time.monotonic() - start)
     return 0
+
+
+def _print_stream(pieces) -> None:  # type: ignore[no-untyped-def]
+    """Write text pieces to stdout as they arrive, then end the line."""
+    for text in pieces:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
 
 
 def _summary(finish: str | None, prompt: int, completion: int, cached: int, ttft: float,
@@ -107,14 +119,16 @@ def _cmd_generate_remote(args: argparse.Namespace) -> int:
     start = time.monotonic()
     first = None
     final = None
-    with Client(args.router) as client:
-        for resp in client.generate(args.prompt, **sampling):
-            first = first or time.monotonic()
-            sys.stdout.write(resp.text)
-            sys.stdout.flush()
-            final = resp
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+
+    def texts():  # type: ignore[no-untyped-def]
+        nonlocal first, final
+        with Client(args.router) as client:
+            for resp in client.generate(args.prompt, **sampling):
+                first = first or time.monotonic()
+                final = resp
+                yield resp.text
+
+    _print_stream(texts())
     if final is not None:
         from pdmesh.rpc.convert import FINISH_NAMES
 

@@ -16,7 +16,7 @@ def test_make_tiny_then_generate_streams_text(tmp_path: Path) -> None:
     gen = run("generate", "--model", str(model), "--dtype", "float32", "--max-tokens", "8",
               "--num-blocks", "64", "def main():")
     assert gen.returncode == 0, gen.stderr
-    assert "finish=length" in gen.stderr and gen.stdout.strip()
+    assert "finish=length" in gen.stderr and "completion_tokens=8" in gen.stderr and gen.stdout.strip()
 
 
 def test_invalid_request_exits_with_a_message(llama_dir: Path) -> None:

@@ -24,6 +24,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -66,7 +67,8 @@ class RouterCore:
         self.local_prefills = 0
         self.index_fallbacks = 0
         self.prefill_retries = 0
-        self.inflight: dict[str, asyncio.Task[object]] = {}
+        self.inflight: dict[str, Any] = {}
+        """request id -> its current downstream gRPC call (None between calls)."""
         self.recent = RecentRoutes()
         self.aborted: set[str] = set()
         """Requests whose Abort() is unwinding their Generate stream."""
@@ -189,9 +191,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         ids = core.prompt_ids(request)
         params = sampling_from_proto(request.sampling, cache_salt=request.cache_salt or None)
         core.check_length(ids, params)
-        task = asyncio.current_task()
-        if task is not None:
-            core.inflight[rid] = task
+        core.inflight[rid] = None
         timer = core.request_metrics.stream()
         span = tracing.start_span("router.generate", tracing.incoming(context), request_id=rid,
                                   model=Path(core.cfg.model).name, prompt_tokens=len(ids))
@@ -254,10 +254,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 if local_reason:
                     core.local_prefills += 1
                     core.decisions[f"local/{local_reason}"] += 1
-                    async for resp in self._relay(decode, decode_stub(decode.address).GenerateLocal(
+                    async for resp in self._relay(decode, self._track(rid, decode_stub(decode.address).GenerateLocal(
                         self._reserve_msg(rid, ids, params, request), metadata=meta,
                         timeout=remaining(context, cfg.request_timeout_s),
-                    )):
+                    ))):
                         yield resp
                     return
                 if choice is None:
@@ -278,9 +278,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 )
                 if presp.HasField("first_logprob"):
                     msg.first_logprob.CopyFrom(presp.first_logprob)
-                call = decode_stub(decode.address).Decode(
+                call = self._track(rid, decode_stub(decode.address).Decode(
                     msg, metadata=meta, timeout=remaining(context, cfg.request_timeout_s)
-                )
+                ))
                 async for resp in self._relay(decode, call):
                     yield resp
                 return
@@ -307,21 +307,21 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         """Reserve on D, prefill on P; None when P was unreachable (D's blocks released)."""
         cfg = self.core.cfg
         d_stub = decode_stub(decode.address)
-        handle = await d_stub.Reserve(
+        handle = await self._track(rid, d_stub.Reserve(
             self._reserve_msg(rid, ids, params, request), metadata=meta,
             timeout=remaining(context, cfg.request_timeout_s),
-        )
+        ))
         prefill = choice.worker
         prefill.in_flight += 1
         released = False
         try:
-            presp = await prefill_stub(prefill.address).Prefill(
+            presp = await self._track(rid, prefill_stub(prefill.address).Prefill(
                 worker_pb2.PrefillRequest(
                     request_id=rid, prompt_token_ids=ids, sampling=request.sampling,
                     cache_salt=request.cache_salt, destination=handle,
                 ),
                 metadata=meta, timeout=remaining(context, cfg.request_timeout_s),
-            )
+            ))
             return presp, handle
         except grpc.aio.AioRpcError as exc:
             released = True
@@ -350,12 +350,26 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         finally:
             call.cancel()  # no-op when finished; aborts the decode side when we leave early
 
+    def _track(self, rid: str, call):  # type: ignore[no-untyped-def]
+        """Make ``call`` the one ``Abort`` cancels; refuse to start it once aborted."""
+        if rid in self.core.aborted:
+            call.cancel()
+            raise asyncio.CancelledError
+        self.core.inflight[rid] = call
+        return call
+
     async def Abort(self, request, context) -> generate_pb2.AbortResponse:  # noqa: N802
-        task = self.core.inflight.get(request.request_id)
-        if task is None or request.request_id in self.core.aborted:
+        # Cancel the request's current downstream call, never the handler task: cancelling
+        # a task suspended inside gRPC's own send path could leave its stream unfinished.
+        # The cancelled call raises CancelledError in Generate, which ends the stream with
+        # FINISH_REASON_ABORT after every leg has released its KV.
+        rid = request.request_id
+        if rid not in self.core.inflight or rid in self.core.aborted:
             return generate_pb2.AbortResponse(aborted=False)
-        self.core.aborted.add(request.request_id)
-        task.cancel()
+        self.core.aborted.add(rid)
+        call = self.core.inflight.get(rid)
+        if call is not None:
+            call.cancel()
         return generate_pb2.AbortResponse(aborted=True)
 
     async def Tokenize(self, request, context) -> generate_pb2.TokenizeResponse:  # noqa: N802

@@ -38,3 +38,11 @@ class UnsupportedModelError(PdmeshError, ValueError):
 
 class IncompatibleWorkerError(PdmeshError):
     """Two workers disagree on model, dtype, block size or hash settings."""
+
+
+class TransferFailedError(PdmeshError):
+    """A KV transfer did not complete (dead peer, deadline, NIXL error)."""
+
+
+class UnavailableError(PdmeshError):
+    """No healthy worker can take the request, or this server is draining."""

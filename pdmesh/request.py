@@ -5,6 +5,13 @@ Lifecycle of a sequence: WAITING → RUNNING (prefill chunks, then one token per
 dropped and recomputed), and any state may end in FINISHED_ABORTED. With ``n > 1`` only
 the first sequence prefills; when it samples its first token the others fork from it,
 sharing the prompt's blocks.
+
+Disaggregation adds two states, so a hand-off is request state, not a side table:
+- decode side: WAITING_FOR_REMOTE_KV → RUNNING. The prompt's blocks are reserved while a
+  prefill worker writes its KV into them; the scheduler does not see the sequence until
+  the first token is committed.
+- prefill side: RUNNING → FINISHED_KV_HELD. The sequence is done (its finish reason is
+  kept) but its blocks stay allocated until the KV has been written out and released.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ FinishReason = Literal["stop", "length", "abort"]
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_KV_HELD = "finished_kv_held"
 
     @property
     def finished(self) -> bool:
@@ -34,6 +43,11 @@ class SeqStatus(enum.Enum):
     @property
     def finish_reason(self) -> FinishReason | None:
         return _FINISH_REASONS.get(self)
+
+    @property
+    def in_handoff(self) -> bool:
+        """Blocks owned outside the scheduler: reserved for remote KV, or held for a write."""
+        return self in (SeqStatus.WAITING_FOR_REMOTE_KV, SeqStatus.FINISHED_KV_HELD)
 
 
 _FINISH_REASONS: dict[SeqStatus, FinishReason] = {
@@ -86,6 +100,12 @@ class Sequence:
     """The stop token id or stop string that ended the sequence."""
     fork_pending: bool = False
     """True for the first sequence of an n > 1 request until it forks its siblings."""
+    finish_reason: FinishReason | None = None
+    """Why it finished; kept when the status moves on to FINISHED_KV_HELD."""
+
+    def set_finished(self, status: SeqStatus) -> None:
+        self.status = status
+        self.finish_reason = status.finish_reason
 
     @property
     def num_tokens(self) -> int:

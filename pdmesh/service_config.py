@@ -7,11 +7,16 @@ field's type.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import os
+import textwrap
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,6 +25,45 @@ import yaml
 from pdmesh.errors import InvalidRequestError
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """What every pdmesh server process has: where it listens and how it stops."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind (0.0.0.0 for all)."""
+    port: int = 0
+    """gRPC port; 0 picks a free one (written to port_file)."""
+    port_file: str = ""
+    """Where to write the bound port, for launchers that start on port 0."""
+    advertise_address: str = ""
+    """host:port other processes dial to reach this one (empty: host:port, or this
+    machine's hostname when host is a wildcard such as 0.0.0.0)."""
+    metrics_port: int = -1
+    """Prometheus /metrics port: -1 off, 0 any free port (written to {port_file}.metrics)."""
+    drain_grace_s: float = 10.0
+    """On SIGTERM, how long in-flight calls may finish."""
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each dataclass field, through the class hierarchy (for --help)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:

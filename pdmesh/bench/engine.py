@@ -87,9 +87,10 @@ def _hf_generate(model, prompts: list[list[int]], new: int) -> float:  # type: i
 def run_engine_bench(args: argparse.Namespace) -> list[Row]:
     from transformers import AutoModelForCausalLM
 
-    from pdmesh.cli import engine_config
+    from pdmesh.cli.options import config_from_args
+    from pdmesh.config import EngineArgs
 
-    engine = LLMEngine(engine_config(args))
+    engine = LLMEngine(config_from_args(args, EngineArgs, None).engine_config())
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=engine.dtype).eval()
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import platform
 import random
@@ -26,7 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pdmesh.bench.raw_nixl import raw_nixl_gib_s
 from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.mesh_types import WorkerInfo
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _in_process(model: str, dtype: str, prompts: list[list[int]], max_tokens: in
     from pdmesh.engine.llm_engine import LLMEngine
 
     saved = torch.get_num_threads()
-    engine = LLMEngine.from_model(model, dtype=dtype, num_threads=threads)
+    engine = LLMEngine.from_model(model, dtype=dtype, threads=threads or 0)
     try:
         _run_engine(engine, prompts[:2], 2)  # warm-up
         engine.pool.reset_prefix_cache()
@@ -108,16 +109,13 @@ def _worker_args(dtype: str, num_blocks: int) -> list[str]:
     return ["--dtype", dtype, "--num-blocks", str(num_blocks)]
 
 
-def _prefill_infos(mesh: Mesh) -> list:  # type: ignore[type-arg]
-    import grpc
+def _prefill_infos(mesh: Mesh) -> list[WorkerInfo]:
+    from pdmesh.rpc.clients import fetch_info
 
-    from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+    async def fetch() -> list[WorkerInfo]:
+        return [await fetch_info(p.address, timeout=5) for p in mesh.prefill]
 
-    out = []
-    for p in mesh.prefill:
-        with grpc.insecure_channel(p.address) as ch:
-            out.append(worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5))
-    return out
+    return asyncio.run(fetch())
 
 
 def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
@@ -144,7 +142,7 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Rando
     sent = sum(i.kv_bytes_sent for i in infos)
     secs = sum(i.kv_transfer_seconds for i in infos)
     per_request = max(1, round(sent / infos[0].kv_block_bytes / n))
-    raw = _raw_nixl(infos[0].kv_block_bytes, per_request)
+    raw = raw_nixl_gib_s(infos[0].kv_block_bytes, per_request)
     rows.append(Row("kv transfer", f"mesh KV write GiB/s (writes of ~{per_request} blocks, under load)",
                     sent / max(secs, 1e-9) / 2**30, raw, note=f"{sent / 2**20:.1f} MiB in {secs:.3f} s"))
     rows.append(Row("kv transfer", f"raw NIXL GiB/s ({per_request}-block writes, 2 processes)", raw))
@@ -169,49 +167,6 @@ def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random
     rows.append(Row("routing: cache_aware vs round_robin", f"hit rate ({label})", ca["hit_rate"], rr["hit_rate"]))
     rows.append(Row("routing: cache_aware vs round_robin", "TTFT p90 s (round_robin / cache_aware)",
                     rr["ttft_p90"], ca["ttft_p90"]))
-
-
-def _raw_nixl_receiver(conn, block_bytes: int, blocks: int) -> None:  # type: ignore[no-untyped-def]
-    import torch
-
-    from pdmesh.kv.transfer.nixl import NixlTransport
-
-    buf = torch.zeros(blocks, block_bytes // 4)
-    t = NixlTransport("raw-dst", buf)
-    conn.send((t.metadata(), t.base_addr))
-    while not conn.poll(0.0005):  # drive UCX progress on the target, as a worker does
-        t.take_notifs()
-    conn.recv()
-    t.close()
-
-
-def _raw_nixl(block_bytes: int, blocks: int) -> float:
-    import torch
-
-    from pdmesh.kv.transfer.base import PeerLayout, TransferState
-    from pdmesh.kv.transfer.nixl import NixlTransport
-
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=_raw_nixl_receiver, args=(there, block_bytes, blocks))
-    proc.start()
-    meta, base = here.recv()
-    src = NixlTransport("raw-src", torch.randn(blocks, block_bytes // 4))
-    src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, blocks))
-    ids = list(range(blocks))
-    seconds = 0.0
-    rounds = 20
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        h = src.write("raw-dst", ids, ids, b"raw")
-        while src.poll(h) is TransferState.PENDING:
-            pass
-        seconds += time.perf_counter() - t0
-        src.release(h)
-    src.close()
-    here.send("done")
-    proc.join(30)
-    return rounds * blocks * block_bytes / seconds / 2**30
 
 
 def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
@@ -261,15 +216,14 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
 
 async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int) -> float:
     from pdmesh.index.lookup import PrefixIndex
-    from pdmesh.v1 import worker_pb2
     from services.router.config import RouterConfig
+    from services.router.core import RouterCore
     from services.router.registry import Registry
-    from services.router.servicer import RouterCore
 
     cfg = RouterConfig(model=args.model, prefill=("a:1", "b:1"), redis_url=redis_url)
     registry = Registry(cfg)
     for i, w in enumerate(registry.workers):
-        w.info = worker_pb2.WorkerInfo(worker_id=f"prefill-{i}", epoch="e0")
+        w.info = WorkerInfo(worker_id=f"prefill-{i}", epoch="e0")
         w.healthy = True
     core = RouterCore(cfg, registry, PrefixIndex(redis_url))
     from pdmesh.sampling_params import SamplingParams

@@ -32,7 +32,8 @@ class AsyncLLMEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-step")
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
-        self._progress_listeners: dict[str, Callable[[int], None]] = {}
+        self._progress_listeners: dict[str, tuple[Callable[[int], None], int]] = {}
+        """request id -> (listener, full prompt blocks it was last told)."""
 
     async def generate(
         self,
@@ -87,12 +88,23 @@ class AsyncLLMEngine:
                 self.abort(rid)
 
     def watch_progress(self, rid: str, listener: Callable[[int], None] | None) -> None:
-        """Call ``listener(full_prompt_blocks)`` after each step that advanced ``rid``'s prefill
-        (requests added with ``hold_kv``); None stops watching."""
+        """Call ``listener(full_prompt_blocks)`` after each step that completed more of
+        ``rid``'s prompt blocks; None stops watching."""
         if listener is None:
             self._progress_listeners.pop(rid, None)
         else:
-            self._progress_listeners[rid] = listener
+            self._progress_listeners[rid] = (listener, 0)
+
+    def _notify_progress(self) -> None:
+        if not self._progress_listeners:
+            return
+        progress = self.engine.handoff.prefill_progress
+        with self.engine.lock:
+            grown = [(rid, fn, progress(rid)) for rid, (fn, last) in self._progress_listeners.items()]
+        for rid, fn, blocks in grown:
+            if blocks > self._progress_listeners.get(rid, (fn, blocks))[1]:
+                self._progress_listeners[rid] = (fn, blocks)
+                fn(blocks)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine now, under its lock (not held during forward passes).
@@ -129,10 +141,7 @@ class AsyncLLMEngine:
                     queue.put_nowait(exc)
                     self._pending_aborts.append(rid)
                 continue
-            for rid, blocks in self.call(self.engine.handoff.take_progress).items():
-                listener = self._progress_listeners.get(rid)
-                if listener is not None:
-                    listener(blocks)
+            self._notify_progress()
             self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:

@@ -1,27 +1,28 @@
 """KV hand-off between workers: what the engine does for disaggregated prefill and decode.
 
-Decode side: ``reserve`` allocates blocks for a prompt whose KV will be written by a
-prefill worker (prefix-cache hits on this worker are kept and not transferred again), the
-sequence waits outside the scheduler, then ``commit`` adds the first token and lets it run;
-``release`` frees a reservation that will never be committed (lease expired, prefill failed).
+Decode side: ``reserve`` allocates blocks for a prompt whose KV a prefill worker will
+write (prefix-cache hits on this worker are kept and not transferred again); the sequence
+is WAITING_FOR_REMOTE_KV, outside the scheduler. ``commit`` appends the first token and
+lets it run; ``release`` frees a reservation that will never be committed (lease expired,
+prefill failed).
 
-Prefill side: a request added with ``hold_kv=True`` keeps its blocks when it finishes
-(``held_block_ids``) until ``release`` after its KV has been written out.
+Prefill side: a request added with ``hold_kv=True`` ends FINISHED_KV_HELD, keeping its
+blocks (``held_block_ids``) until ``release`` after its KV has been written out.
 
-Both sides free through ``KVCacheManager.free``; nothing here can leave a block owned by a
-request the engine no longer tracks.
+The state is the sequence's status; the blocks are the pool's. Everything here goes
+through ``LLMEngine``'s public methods and ``KVCacheManager.free``, so nothing can leave a
+block owned by a request the engine no longer tracks.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pdmesh.errors import CapacityError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.free_queue import KVBlock
-from pdmesh.request import Sequence, TokenLogprob
+from pdmesh.request import Sequence, SeqStatus, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -40,38 +41,45 @@ class Reservation:
 
 
 class KVHandoff:
-    """The engine's reservation and hold bookkeeping (state lives here, blocks in the pool)."""
+    """Reserve / commit / hold / release, over sequences in the hand-off states."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.reserved: dict[str, Sequence] = {}
-        self.held: dict[str, Sequence] = {}
-        self._progress: dict[str, int] = {}
-        """hold_kv requests whose count of fully computed prompt blocks grew this step."""
+
+    def _seq_in(self, request_id: str, *states: SeqStatus) -> Sequence:
+        try:
+            seq = self.engine.first_seq(request_id)
+        except UnknownRequestError:
+            raise UnknownRequestError(request_id) from None
+        if seq.status not in states:
+            raise UnknownRequestError(request_id)
+        return seq
+
+    @property
+    def count(self) -> int:
+        """Reservations awaiting KV plus KV held for a write."""
+        return len(self.engine.handoff_seqs())
 
     # -- decode side ------------------------------------------------------------------
     def reserve(self, request_id: str, prompt: list[int], params: SamplingParams) -> Reservation:
         eng = self.engine
-        state = eng._admit_state(request_id, prompt, params)
-        seq = state.seqs[0]
+        seq = eng.admit(request_id, prompt, params).seqs[0]
         hits = eng.kv.get_computed_blocks(seq)
         bs = eng.kv.block_size
         if not eng.kv.allocate_slots(seq, seq.num_tokens - len(hits) * bs, hits):
-            del eng._requests[request_id]
+            eng.forget(request_id)
             raise CapacityError(
                 f"decode worker has {eng.pool.num_free_blocks} free KV blocks; the prompt needs "
                 f"{-(-seq.num_tokens // bs) - len(hits)}"
             )
         seq.num_cached_tokens = len(hits) * bs
-        self.reserved[request_id] = seq
+        seq.status = SeqStatus.WAITING_FOR_REMOTE_KV
         return Reservation(eng.kv.block_ids(seq)[len(hits) :], len(hits), len(hits) * bs)
 
     def commit(self, request_id: str, first_token: int, logprob: TokenLogprob | None,
                cached_tokens: int) -> None:
         """The prompt's KV has arrived: append the first token and start decoding."""
-        seq = self.reserved.pop(request_id, None)
-        if seq is None:
-            raise UnknownRequestError(request_id)
+        seq = self._seq_in(request_id, SeqStatus.WAITING_FOR_REMOTE_KV)
         eng = self.engine
         seq.num_computed_tokens = seq.prompt_len
         seq.num_cached_tokens = max(seq.num_cached_tokens, cached_tokens)
@@ -84,38 +92,23 @@ class KVHandoff:
             torch.empty(eng.model_config.vocab_size, device=eng.config.device).exponential_(
                 generator=seq.generator
             )
-        eng.scheduler.add_running(seq)
-        state = eng._requests[request_id]
-        state.metrics.first_scheduled_time = time.monotonic()
-        eng._append(seq, first_token, logprob)
-        eng._to_render[request_id] = state
+        eng.start_running(seq, first_token, logprob)
 
     # -- prefill side -----------------------------------------------------------------
-    def note_progress(self, seq: Sequence) -> None:
-        """Record how many full prompt blocks of a held-KV request are computed (after a step)."""
-        bs = self.engine.kv.block_size
-        self._progress[seq.request_id] = min(seq.num_computed_tokens, seq.prompt_len) // bs
-
-    def take_progress(self) -> dict[str, int]:
-        """``{request id: full prompt blocks computed}`` for requests that ran since the last call;
-        lets a prefill worker send finished blocks while later chunks still compute."""
-        progress, self._progress = self._progress, {}
-        return progress
-
-    def hold(self, seq: Sequence) -> None:
-        self.held[seq.request_id] = seq
+    def prefill_progress(self, request_id: str) -> int:
+        """Full prompt blocks computed so far (a prefill worker sends those early)."""
+        try:
+            seq = self.engine.first_seq(request_id)
+        except UnknownRequestError:
+            return 0
+        return min(seq.num_computed_tokens, seq.prompt_len) // self.engine.kv.block_size
 
     def held_block_ids(self, request_id: str) -> list[int]:
-        seq = self.held.get(request_id)
-        if seq is None:
-            raise UnknownRequestError(request_id)
-        return self.engine.kv.block_ids(seq)
+        return self.engine.kv.block_ids(self._seq_in(request_id, SeqStatus.FINISHED_KV_HELD))
 
     def offload_plan(self, request_id: str) -> tuple[list[bytes], list[int]]:
         """Hashes and block ids of the held prompt's full blocks (for the kvstore)."""
-        seq = self.held.get(request_id)
-        if seq is None:
-            raise UnknownRequestError(request_id)
+        seq = self._seq_in(request_id, SeqStatus.FINISHED_KV_HELD)
         n = seq.prompt_len // self.engine.kv.block_size
         self.engine.kv.ensure_hashes(seq, n)
         return list(seq.block_hashes[:n]), self.engine.kv.block_ids(seq)[:n]
@@ -134,11 +127,13 @@ class KVHandoff:
 
     # -- both -------------------------------------------------------------------------
     def release(self, request_id: str) -> bool:
-        """Free a reservation or held blocks; False when there was neither."""
-        seq = self.reserved.pop(request_id, None) or self.held.pop(request_id, None)
-        if seq is None:
+        """Free a reservation or held blocks; False when the request is in neither state."""
+        try:
+            seq = self._seq_in(request_id, SeqStatus.WAITING_FOR_REMOTE_KV, SeqStatus.FINISHED_KV_HELD)
+        except UnknownRequestError:
             return False
+        if seq.status is SeqStatus.WAITING_FOR_REMOTE_KV:
+            seq.set_finished(SeqStatus.FINISHED_ABORTED)
         self.engine.kv.free(seq)
-        self.engine._requests.pop(request_id, None)
+        self.engine.forget(request_id)
         return True
-

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from pdmesh.config import CacheConfig, EngineConfig, SchedulerConfig
+from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.request import RequestOutput
 from pdmesh.sampling_params import SamplingParams
@@ -15,25 +15,12 @@ from pdmesh.sampling_params import SamplingParams
 class LLM:
     """``LLM(model=DIR, dtype="float32").generate(prompts, params)``.
 
-    Keyword arguments are the fields of ``EngineConfig``, ``CacheConfig`` and
-    ``SchedulerConfig`` (e.g. ``block_size=16, max_num_batched_tokens=512``).
+    Keyword arguments are the fields of ``EngineArgs`` (the same options, names and
+    defaults as the CLI flags: ``block_size=16, num_blocks=512, threads=2`` ...).
     """
 
     def __init__(self, model: str, **kwargs: Any) -> None:
-        groups: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}, "engine": {}}
-        cache_fields = set(CacheConfig.__dataclass_fields__)
-        sched_fields = set(SchedulerConfig.__dataclass_fields__)
-        for key, value in kwargs.items():
-            group = "cache" if key in cache_fields else "scheduler" if key in sched_fields else "engine"
-            groups[group][key] = value
-        self.engine = LLMEngine(
-            EngineConfig(
-                model=model,
-                cache=CacheConfig(**groups["cache"]),
-                scheduler=SchedulerConfig(**groups["scheduler"]),
-                **groups["engine"],
-            )
-        )
+        self.engine = LLMEngine(EngineArgs(model=model, **kwargs).engine_config())
         self._ids = itertools.count()
 
     def generate(

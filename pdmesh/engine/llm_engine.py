@@ -8,7 +8,6 @@ blocks, so a finished, failed or aborted request never keeps a KV block.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -16,9 +15,9 @@ from typing import Any
 
 import torch
 
-from pdmesh.attention.backend import AttentionBackend
-from pdmesh.attention.torch_backend import TorchAttentionBackend
-from pdmesh.config import EngineConfig
+from pdmesh.attention.select import build_backend
+from pdmesh.config import EngineArgs, EngineConfig
+from pdmesh.engine.admission import Admission
 from pdmesh.engine.detokenizer import IncrementalDetokenizer
 from pdmesh.engine.handoff import KVHandoff
 from pdmesh.engine.model_runner import ModelRunner, kv_block_bytes
@@ -35,7 +34,6 @@ from pdmesh.request import RequestMetrics, RequestOutput, Sequence, SeqStatus
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.tokenizer import Tokenizer
 
-log = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -66,8 +64,11 @@ class LLMEngine:
         self.kv = KVCacheManager(self.pool, self.hasher)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(
-            model, cfg, dtype, num_blocks, cc.block_size, self.kv, self._backend(), config.device
+            model, cfg, dtype, num_blocks, cc.block_size, self.kv,
+            build_backend(config.attention_backend, config.device), config.device,
         )
+        self.admission = Admission(self.tokenizer, cfg.vocab_size, self.max_model_len,
+                                   num_blocks, cc.block_size)
         eos = cfg.eos_token_ids or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
         )
@@ -82,22 +83,8 @@ class LLMEngine:
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
-        return cls(EngineConfig(model=model, **kwargs))
-
-    def _backend(self) -> AttentionBackend:
-        choice = self.config.attention_backend
-        if choice == "flashinfer" or (choice == "auto" and self.config.device.startswith("cuda")):
-            try:
-                from pdmesh.attention.flashinfer_backend import FlashInferBackend
-            except ImportError as exc:
-                if choice == "flashinfer":
-                    raise InvalidRequestError(
-                        "attention_backend", f"flashinfer is not available: {exc}"
-                    ) from exc
-                log.warning("flashinfer unavailable (%s); using the torch attention backend", exc)
-            else:
-                return FlashInferBackend(self.config.cache.block_size)
-        return TorchAttentionBackend(self.config.device)
+        """``kwargs`` are ``EngineArgs`` fields (dtype, num_blocks, threads ...)."""
+        return cls(EngineArgs(model=model, **kwargs).engine_config())
 
     # -- requests ---------------------------------------------------------------------
     def add_request(
@@ -113,83 +100,33 @@ class LLMEngine:
         ``hold_kv`` keeps the request's blocks when it finishes, until
         ``handoff.release`` (a prefill worker writing them to a decode worker).
         """
-        state = self._admit_state(request_id, prompt, params, arrival_time)
+        state = self.admit(request_id, prompt, params, arrival_time)
         state.hold_kv = hold_kv
         self.scheduler.add(state.seqs[0])
 
-    def _admit_state(
+    def admit(
         self,
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams | Mapping[str, Any] | None,
         arrival_time: float | None = None,
     ) -> RequestState:
-        """Validate and register a request (its first sequence not yet scheduled)."""
+        """Validate and register a request; its first sequence is not scheduled yet (the
+        caller adds it to the scheduler, or reserves its blocks for remote KV)."""
         if not isinstance(params, SamplingParams):
             params = SamplingParams.from_dict(params or {})
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError("request_id", "must be a non-empty string")
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
-        text, token_ids = self._tokenize(prompt)
-        self._check_fits(token_ids, params)
+        text, token_ids = self.admission.prompt_ids(prompt)
+        self.admission.check_fits(token_ids, params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         state = RequestState(request_id, text, token_ids, params, RequestMetrics(now))
         first = self._new_sequence(state, 0, list(token_ids))
         first.fork_pending = params.n > 1
         self._requests[request_id] = state
         return state
-
-    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt", "must not be empty")
-            return prompt, self.tokenizer.encode(prompt)
-        ids = list(prompt)
-        if not ids:
-            raise InvalidRequestError("prompt", "must contain at least one token id")
-        vocab = self.model_config.vocab_size
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidRequestError(
-                    "prompt", f"token id {t!r} is outside the vocabulary [0, {vocab})"
-                )
-        return None, ids
-
-    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
-        n = len(token_ids)
-        if n >= self.max_model_len:
-            raise InvalidRequestError(
-                "prompt",
-                f"{n} tokens; the model's context is {self.max_model_len}, so a prompt may have "
-                f"at most {self.max_model_len - 1}",
-            )
-        if n + params.max_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                "max_tokens",
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
-                f"context of {self.max_model_len}; lower max_tokens to at most {self.max_model_len - n}",
-            )
-        tokens = n + params.max_tokens
-        blocks = -(-tokens // self.hasher.block_size)
-        capacity = self.pool.num_blocks * self.hasher.block_size
-        if blocks > self.pool.num_blocks:
-            if n >= capacity:
-                raise InvalidRequestError(
-                    "prompt",
-                    f"{n} tokens do not fit the KV pool ({self.pool.num_blocks} blocks of "
-                    f"{self.hasher.block_size} tokens = {capacity}); shorten the prompt",
-                )
-            raise InvalidRequestError(
-                "max_tokens",
-                f"prompt + max_tokens needs {blocks} KV blocks but the pool holds "
-                f"{self.pool.num_blocks}; lower max_tokens to at most {capacity - n}",
-            )
-        for t in params.stop_token_ids:
-            if t >= self.model_config.vocab_size:
-                raise InvalidRequestError(
-                    "stop_token_ids", f"{t} is outside the vocabulary [0, {self.model_config.vocab_size})"
-                )
 
     def _new_sequence(self, state: RequestState, index: int, token_ids: list[int]) -> Sequence:
         p = state.params
@@ -222,7 +159,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, SeqStatus.FINISHED_ABORTED)
         # Siblings that were never forked end as aborted too.
         while len(state.seqs) < state.params.n:
-            self._new_sequence(state, len(state.seqs), list(state.prompt_token_ids)).status = (
+            self._new_sequence(state, len(state.seqs), list(state.prompt_token_ids)).set_finished(
                 SeqStatus.FINISHED_ABORTED
             )
         state.metrics.finished_time = time.monotonic()
@@ -231,11 +168,36 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._to_render)
 
+    def handoff_seqs(self) -> list[Sequence]:
+        """Sequences whose blocks a hand-off owns (reserved for remote KV, or held)."""
+        return [s for st in self._requests.values() for s in st.seqs if s.status.in_handoff]
+
     def orphan_blocks(self) -> int:
         """Blocks in use that no live request owns; anything but 0 is a leak."""
-        live = set(self.scheduler._live) | set(self.handoff.reserved) | set(self.handoff.held)
+        live = set(self.scheduler.live_seq_ids()) | {s.seq_id for s in self.handoff_seqs()}
         owned = self.kv.block_ids_of_sequences(live)
         return self.pool.stats().used - len(owned)
+
+    # -- what the hand-off (engine/handoff.py) builds on -------------------------------
+    def first_seq(self, request_id: str) -> Sequence:
+        """The first sequence of a live request."""
+        state = self._requests.get(request_id)
+        if state is None or not state.seqs:
+            raise UnknownRequestError(request_id)
+        return state.seqs[0]
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request whose blocks are already freed (a released hand-off)."""
+        self._requests.pop(request_id, None)
+
+    def start_running(self, seq: Sequence, first_token: int, logprob: Any) -> None:
+        """A sequence whose prompt KV arrived from elsewhere: admit it as running with its
+        first token appended, and emit that token without waiting for a model step."""
+        state = self._requests[seq.request_id]
+        self.scheduler.add_running(seq)
+        state.metrics.first_scheduled_time = time.monotonic()
+        self._append(seq, first_token, logprob)
+        self._to_render[seq.request_id] = state
 
     def stats(self) -> BlockPoolStats:
         return self.pool.stats()
@@ -254,10 +216,7 @@ class LLMEngine:
 
     def block_ids_of(self, request_id: str) -> list[int]:
         """Blocks of a live request's first sequence, in order."""
-        state = self._requests.get(request_id)
-        if state is None or not state.seqs:
-            raise UnknownRequestError(request_id)
-        return self.kv.block_ids(state.seqs[0])
+        return self.kv.block_ids(self.first_seq(request_id))
 
     def take_ready_outputs(self) -> list[RequestOutput]:
         """Outputs that need no model step (commits, aborts), without running one."""
@@ -277,8 +236,6 @@ class LLMEngine:
                 state = self._requests[item.seq.request_id]
                 if state.metrics.first_scheduled_time is None:
                     state.metrics.first_scheduled_time = now
-                if state.hold_kv:
-                    self.handoff.note_progress(item.seq)
             for seq, token, lp in zip(seqs, sampled.token_ids, sampled.logprobs):
                 self._append(seq, token, lp)
                 touched[seq.request_id] = self._requests[seq.request_id]
@@ -338,6 +295,6 @@ class LLMEngine:
         if status is not None:
             self.scheduler.finish(seq, status, free=not state.hold_kv)
             if state.hold_kv:
-                self.handoff.hold(seq)
+                seq.status = SeqStatus.FINISHED_KV_HELD
             if state.finished:
                 state.metrics.finished_time = time.monotonic()

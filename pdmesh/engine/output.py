@@ -51,7 +51,7 @@ class RequestState:
         holdback = 0 if finished else max(0, self.params.max_stop_len - 1)
         outputs: list[CompletionOutput] = []
         for seq, detok, cur in zip(self.seqs, self.detoks, self.cursors):
-            reason = seq.status.finish_reason
+            reason = seq.finish_reason
             tokens = seq.output_token_ids
             text = detok.text
             visible = len(text) if reason else max(cur.chars, len(text) - holdback)

@@ -94,6 +94,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._live)
 
+    def live_seq_ids(self) -> list[str]:
+        """Sequences waiting, running or preempted (each owns its blocks)."""
+        return list(self._live)
+
     def finish(self, seq: Sequence, status: SeqStatus, free: bool = True) -> None:
         """End ``seq`` (stop, length or abort) and free its blocks, whatever its state.
 
@@ -107,7 +111,7 @@ class Scheduler:
         elif seq.status in (SeqStatus.WAITING, SeqStatus.PREEMPTED):
             self._waiting = [e for e in self._waiting if e[3] is not seq]
             heapq.heapify(self._waiting)
-        seq.status = status
+        seq.set_finished(status)
         if free:
             self.kv.free(seq)
 

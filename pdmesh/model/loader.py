@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from pdmesh.errors import UnsupportedModelError
+from pdmesh.kv.layout import resolve_dtype_name
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import RotaryEmbedding
 from pdmesh.model.llama import LlamaForCausalLM
@@ -18,13 +19,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_dtype(requested: str, cfg: ModelConfig) -> torch.dtype:
-    """The dtype to run in: the request, or the config's (float32 when it names none)."""
-    name = requested
-    if requested == "auto":
-        name = cfg.torch_dtype if cfg.torch_dtype in _DTYPES else "float32"
-    if name not in _DTYPES:
-        raise UnsupportedModelError(f"dtype={requested!r} is not supported; choose {sorted(_DTYPES)} or 'auto'")
-    return _DTYPES[name]
+    """The torch dtype to run in (see ``resolve_dtype_name``)."""
+    return _DTYPES[resolve_dtype_name(requested, cfg)]
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from pdmesh.mesh_types import KvDestination, WorkerInfo
 from pdmesh.request import CompletionOutput, RequestOutput, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
-from pdmesh.v1 import common_pb2, generate_pb2
+from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 
 _OPTIONAL_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed",
@@ -35,6 +37,50 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **overrides: Any) -> Sam
         options["stop_token_ids"] = tuple(msg.stop_token_ids)
     options.update(overrides)
     return SamplingParams.from_dict(options)
+
+
+def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
+    """The wire form of already-validated params (the router parses once, then forwards this)."""
+    msg = common_pb2.SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+        min_p=params.min_p, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+        ignore_eos=params.ignore_eos, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+        stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+    )
+    if params.seed is not None:
+        msg.seed = params.seed
+    if params.logprobs is not None:
+        msg.logprobs = params.logprobs
+    return msg
+
+
+_ROLES = {
+    "": worker_pb2.WORKER_ROLE_UNSPECIFIED, "prefill": worker_pb2.WORKER_ROLE_PREFILL,
+    "decode": worker_pb2.WORKER_ROLE_DECODE, "kvstore": worker_pb2.WORKER_ROLE_KVSTORE,
+}
+_ROLE_NAMES = {v: k for k, v in _ROLES.items()}
+_INFO_FIELDS = tuple(f.name for f in dataclasses.fields(WorkerInfo) if f.name != "role")
+
+
+def info_to_proto(info: WorkerInfo) -> worker_pb2.WorkerInfo:
+    return worker_pb2.WorkerInfo(role=_ROLES[info.role], **{f: getattr(info, f) for f in _INFO_FIELDS})
+
+
+def info_from_proto(msg: worker_pb2.WorkerInfo) -> WorkerInfo:
+    return WorkerInfo(role=_ROLE_NAMES.get(msg.role, ""), **{f: getattr(msg, f) for f in _INFO_FIELDS})
+
+
+def destination_to_proto(dest: KvDestination) -> worker_pb2.KvHandle:
+    return worker_pb2.KvHandle(**dataclasses.asdict(dest))
+
+
+def destination_from_proto(msg: worker_pb2.KvHandle) -> KvDestination:
+    return KvDestination(
+        worker_id=msg.worker_id, worker_address=msg.worker_address, block_ids=tuple(msg.block_ids),
+        first_block=msg.first_block, cached_tokens=msg.cached_tokens, compat_hash=msg.compat_hash,
+        lease_expiry_unix_ms=msg.lease_expiry_unix_ms, transfer_id=msg.transfer_id,
+    )
 
 
 def logprob_to_proto(lp: TokenLogprob) -> common_pb2.TokenLogprob:

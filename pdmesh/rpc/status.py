@@ -10,17 +10,11 @@ from pdmesh.errors import (
     CapacityError,
     IncompatibleWorkerError,
     InvalidRequestError,
+    TransferFailedError,
+    UnavailableError,
     UnknownRequestError,
     UnsupportedModelError,
 )
-
-
-class TransferFailedError(Exception):
-    """A KV transfer did not complete (dead peer, deadline, NIXL error)."""
-
-
-class UnavailableError(Exception):
-    """No healthy worker can take the request, or this server is draining."""
 
 
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (

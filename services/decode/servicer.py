@@ -1,13 +1,15 @@
 """Decode worker: reserve blocks, wait for the KV, then stream tokens.
 
-Request lifecycle:
+Request lifecycle (the states are the engine sequence's status and one ``Reservation``):
   1. reserved   — ``Reserve`` allocates blocks for the prompt (blocks already cached here
-                  are reused, so only the rest is transferred) under a lease;
+                  are reused, so only the rest is transferred) under a lease; the sequence
+                  is WAITING_FOR_REMOTE_KV;
   2. transfer   — a prefill worker WRITEs the KV over NIXL; its notification (the transfer
-                  id) arrives here; a reservation whose KV does not arrive before the lease
-                  ends is freed by the lease reaper;
-  3. running    — ``Decode`` commits the first token and the request joins continuous
-                  batching; tokens stream back; a caller that goes away aborts it;
+                  id) sets the reservation's arrival event; a reservation whose KV does not
+                  arrive before the lease ends is freed by the lease reaper;
+  3. running    — ``Decode`` claims the reservation, commits the first token and the
+                  request joins continuous batching; tokens stream back; a caller that goes
+                  away aborts it;
   4. finished   — blocks are freed; the prompt's blocks stay as prefix cache.
 ``GenerateLocal`` skips 1–2: this worker prefills the prompt itself.
 """
@@ -15,38 +17,39 @@ Request lifecycle:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 
+import grpc
 
-from pdmesh.errors import UnknownRequestError
-from pdmesh.rpc.convert import logprob_from_proto, response_from_output, sampling_from_proto
-from pdmesh.rpc.status import TransferFailedError
+from pdmesh.rpc.convert import (
+    destination_to_proto,
+    logprob_from_proto,
+    response_from_output,
+    sampling_from_proto,
+)
+from pdmesh.mesh_types import KvDestination
 from pdmesh.sampling_params import SamplingParams
-from pdmesh.serving.worker_core import WorkerCore, now_ms
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import generate_pb2, worker_pb2, worker_pb2_grpc
+from services.decode.reservations import Reservations
+from services.worker.core import WorkerCore
 
 log = logging.getLogger(__name__)
+SERVICE = "pdmesh.v1.Decode"
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
-        self._leases: dict[str, int] = {}
-        """request id -> lease expiry (unix ms) of reservations not yet claimed by Decode."""
-        self._transfer_ids: dict[str, str] = {}
-        self._arrived: set[bytes] = set()
-        self._arrival = asyncio.Event()
+        self.reservations = Reservations()
 
-    # -- reservations -----------------------------------------------------------------
     def _params(self, msg: worker_pb2.ReserveRequest) -> SamplingParams:
         return sampling_from_proto(msg.sampling, output_kind="delta", cache_salt=msg.cache_salt or None)
 
+    # -- reservations -----------------------------------------------------------------
     async def Reserve(self, request: worker_pb2.ReserveRequest, context) -> worker_pb2.KvHandle:  # noqa: N802
         core = self.core
         rid = request.request_id
@@ -60,80 +63,55 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             span.set_attributes({"pdmesh.blocks": len(res.block_ids), "pdmesh.cached_tokens": res.cached_tokens})
         finally:
             span.end()
-        expiry = now_ms() + (request.lease_ms or core.cfg.lease_ms)
-        transfer_id = f"{rid}/{uuid.uuid4().hex[:8]}"
-        self._leases[rid] = expiry
-        self._transfer_ids[rid] = transfer_id
-        return worker_pb2.KvHandle(
-            worker_id=core.worker_id, block_ids=res.block_ids, first_block=res.first_block,
-            cached_tokens=res.cached_tokens, compat_hash=core.compat,
-            lease_expiry_unix_ms=expiry, transfer_id=transfer_id, worker_address=core.address,
-        )
+        record = self.reservations.add(rid, request.lease_ms or core.cfg.lease_ms)
+        return destination_to_proto(KvDestination(
+            worker_id=core.worker_id, worker_address=core.address, block_ids=tuple(res.block_ids),
+            first_block=res.first_block, cached_tokens=res.cached_tokens, compat_hash=core.compat,
+            lease_expiry_unix_ms=record.lease_expiry_ms, transfer_id=record.transfer_id,
+        ))
 
     async def RenewLease(self, request: worker_pb2.RenewLeaseRequest, context) -> worker_pb2.KvHandle:  # noqa: N802
-        if request.request_id not in self._leases:
-            raise UnknownRequestError(request.request_id)
-        expiry = now_ms() + (request.lease_ms or self.core.cfg.lease_ms)
-        self._leases[request.request_id] = expiry
-        return worker_pb2.KvHandle(worker_id=self.core.worker_id, lease_expiry_unix_ms=expiry,
-                                   transfer_id=self._transfer_ids[request.request_id])
+        record = self.reservations.renew(request.request_id, request.lease_ms or self.core.cfg.lease_ms)
+        return worker_pb2.KvHandle(worker_id=self.core.worker_id, lease_expiry_unix_ms=record.lease_expiry_ms,
+                                   transfer_id=record.transfer_id)
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:  # noqa: N802
-        return worker_pb2.ReleaseResponse(released=await self._release(request.request_id))
+        return worker_pb2.ReleaseResponse(released=self._release(request.request_id))
 
-    async def _release(self, rid: str) -> bool:
-        self._leases.pop(rid, None)
-        self._transfer_ids.pop(rid, None)
+    def _release(self, rid: str) -> bool:
+        self.reservations.pop(rid)
         return bool(self.core.aeng.call(lambda: self.core.engine.handoff.release(rid)))
 
     async def reap_leases(self, interval: float = 0.1) -> None:
         """Free reservations whose KV never came (prefill died, router went away)."""
         while True:
             await asyncio.sleep(interval)
-            now = now_ms()
-            for rid in [r for r, exp in self._leases.items() if exp <= now]:
-                if await self._release(rid):
+            for rid in self.reservations.expired():
+                if self._release(rid):
                     self.core.counters.expired_leases += 1
                     log.warning("reservation %s expired before its KV arrived; blocks freed", rid)
 
     async def watch_notifications(self, interval: float = 0.0005) -> None:
         """Collect NIXL notifications (transfer ids) while transfers are outstanding."""
         while True:
-            if self._transfer_ids:
-                notifs = self.core.transport.take_notifs()
-                if notifs:
-                    self._arrived.update(notifs)
-                    self._arrival.set()
+            if self.reservations.awaiting_kv():
+                self.reservations.notified(self.core.transport.take_notifs())
                 await asyncio.sleep(interval)
             else:
                 await asyncio.sleep(0.01)
-
-    async def _wait_for_kv(self, rid: str, transfer_id: str, expiry_ms: int) -> None:
-        key = transfer_id.encode()
-        while key not in self._arrived:
-            left = (expiry_ms - now_ms()) / 1000
-            if left <= 0:
-                raise TransferFailedError(f"the KV of {rid} did not arrive before its lease ended")
-            self._arrival.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrival.wait(), timeout=min(left, 0.05))
-        self._arrived.discard(key)
 
     # -- generation -------------------------------------------------------------------
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         core = self.core
         rid = request.request_id
-        expiry = self._leases.pop(rid, None)  # Decode owns the reservation from here on
-        transfer_id = self._transfer_ids.get(rid)
-        if expiry is None or transfer_id is None:
-            raise UnknownRequestError(f"no reservation for {rid} (expired or released)")
+        record = self.reservations.claim(rid)  # Decode owns the reservation from here on
         span = tracing.start_span("decode", tracing.incoming(context), request_id=rid)
         bind_request(rid, span)
         try:
             waited = time.monotonic()
-            await self._wait_for_kv(rid, request.transfer_id or transfer_id, expiry)
+            await self.reservations.wait_for_kv(record)
             span.set_attribute("pdmesh.kv_wait_ms", 1000 * (time.monotonic() - waited))
-            self._transfer_ids.pop(rid, None)
+            self.reservations.pop(rid)
             lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
 
             def commit() -> None:
@@ -145,8 +123,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             span.end()
             # A no-op once committed (the stream's own exit aborts a running request);
             # frees the reservation if we never got that far.
-            self._transfer_ids.pop(rid, None)
-            await self._release(rid)
+            self._release(rid)
 
     async def GenerateLocal(self, request: worker_pb2.ReserveRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         params = self._params(request)
@@ -180,3 +157,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": total,
                                      "pdmesh.cached_tokens": cached})
             yield response_from_output(out, rid, total)
+
+
+def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> DecodeServicer:
+    servicer = DecodeServicer(core)
+    worker_pb2_grpc.add_DecodeServicer_to_server(servicer, server)
+    return servicer

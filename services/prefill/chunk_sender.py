@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 
-from pdmesh.serving.worker_core import WorkerCore
-from pdmesh.v1 import worker_pb2
+from pdmesh.mesh_types import KvDestination
+from services.worker.core import WorkerCore
 
 
 class ChunkSender:
-    def __init__(self, core: WorkerCore, rid: str, dest: worker_pb2.KvHandle, timeout: float,
+    def __init__(self, core: WorkerCore, rid: str, dest: KvDestination, timeout: float,
                  span=None) -> None:  # type: ignore[no-untyped-def]
         self.core = core
         self.rid = rid

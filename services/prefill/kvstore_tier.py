@@ -16,13 +16,12 @@ import logging
 
 import grpc
 
+from pdmesh.errors import TransferFailedError
 from pdmesh.kv.block_hash import extra_keys_for
-from pdmesh.rpc.status import TransferFailedError
+from pdmesh.rpc.kvstore_client import KVStoreClient
 from pdmesh.sampling_params import SamplingParams
-from pdmesh.serving.clients import kvstore_stub
-from pdmesh.serving.worker_core import WorkerCore
 from pdmesh.telemetry import tracing
-from pdmesh.v1 import kvstore_pb2, worker_pb2
+from services.worker.core import WorkerCore
 
 log = logging.getLogger(__name__)
 _FAILURES = (grpc.aio.AioRpcError, TransferFailedError)
@@ -31,15 +30,16 @@ _FAILURES = (grpc.aio.AioRpcError, TransferFailedError)
 class KVStoreTier:
     def __init__(self, core: WorkerCore, address: str, timeout: float = 10.0) -> None:
         self.core = core
-        self.address = address
+        self.client = KVStoreClient(address)
         self.timeout = timeout
+        """Deadline of each NIXL read or write, and how long a lookup pins its slots."""
         self.peer = ""
         self.failures = 0
 
     async def _connect(self) -> str:
         if not self.peer or not self.core.transport.has_peer(self.peer):
-            info = await kvstore_stub(self.address).Info(worker_pb2.InfoRequest(), timeout=2.0)
-            await self.core.ensure_peer(info.worker_id, self.address, 2.0, kvstore=True)
+            info = await self.client.info()
+            await self.core.ensure_peer(info.worker_id, self.client.address, 2.0, kvstore=True)
             self.peer = info.worker_id
         return self.peer
 
@@ -65,20 +65,17 @@ class KVStoreTier:
             return 0
         try:
             peer = await self._connect()
-            resp = await kvstore_stub(self.address).Lookup(
-                kvstore_pb2.LookupRequest(block_hashes=hashes[local:], pin_ms=int(self.timeout * 1000)),
-                metadata=tracing.outgoing(ctx), timeout=2.0,
-            )
+            slots = await self.client.lookup(hashes[local:], int(self.timeout * 1000), tracing.outgoing(ctx))
         except _FAILURES as exc:
             self._failed("lookup", exc)
             return 0
-        n = len(resp.slot_ids)
+        n = len(slots)
         blocks = core.aeng.call(lambda: eng.handoff.import_start(n)) if n else None
         if not blocks:
             return 0
         ok = False
         try:
-            await core.read_kv(peer, [b.block_id for b in blocks], list(resp.slot_ids), self.timeout)
+            await core.transfers.read(peer, [b.block_id for b in blocks], slots, self.timeout)
             ok = True
         except _FAILURES as exc:
             self._failed("read", exc)
@@ -98,26 +95,25 @@ class KVStoreTier:
         hashes, block_ids = core.aeng.call(lambda: core.engine.handoff.offload_plan(request_id))
         if not hashes:
             return
-        stub = kvstore_stub(self.address)
+        meta = tracing.outgoing(ctx)
         try:
             peer = await self._connect()
-            resp = await stub.Reserve(kvstore_pb2.StoreReserveRequest(block_hashes=hashes),
-                                      metadata=tracing.outgoing(ctx), timeout=2.0)
+            reservation, slots = await self.client.reserve(hashes, meta)
         except _FAILURES as exc:
             self._failed("reserve", exc)
             return
-        pairs = [(b, s) for b, s in zip(block_ids, resp.slot_ids) if s >= 0]
+        pairs = [(b, s) for b, s in zip(block_ids, slots) if s >= 0]
         ok = False
         try:
             if pairs:
-                await core.write_kv_untracked(peer, [b for b, _ in pairs], [s for _, s in pairs], self.timeout)
+                await core.transfers.write(peer, [b for b, _ in pairs], [s for _, s in pairs], b"",
+                                           self.timeout)
             ok = True
         except _FAILURES as exc:
             self._failed("write", exc)
         finally:
             try:
-                await stub.Commit(kvstore_pb2.CommitRequest(reservation_id=resp.reservation_id, ok=ok),
-                                  metadata=tracing.outgoing(ctx), timeout=2.0)
+                await self.client.commit(reservation, ok, meta)
             except _FAILURES as exc:
                 self._failed("commit", exc)
         if ok:

@@ -3,7 +3,7 @@
 Request lifecycle (one ``Prefill`` call):
   1. queued     — the request waits in the engine's scheduler (prefix-cache hits reused);
   2. computing  — prefill chunks run; the last one samples the first token;
-  3. held       — the engine keeps the prompt's blocks (``hold_kv``) instead of freeing them;
+  3. held       — the sequence ends FINISHED_KV_HELD: the engine keeps the prompt's blocks;
   4. writing    — NIXL WRITEs the blocks the decode worker lacks into its reservation;
                   full blocks go as soon as their chunk is computed (overlapping the next
                   chunk), the rest once the prompt is done, with the transfer id as the
@@ -20,16 +20,38 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
-from pdmesh.rpc.convert import logprob_to_proto, sampling_from_proto
-from pdmesh.serving.worker_core import WorkerCore, remaining
+from pdmesh.mesh_types import KvDestination
+from pdmesh.request import RequestOutput
+from pdmesh.rpc.convert import destination_from_proto, logprob_to_proto, sampling_from_proto
+from pdmesh.rpc.process import remaining
+from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
+from services.worker.core import WorkerCore
+
+SERVICE = "pdmesh.v1.Prefill"
+
+
+@dataclass(slots=True)
+class PrefillJob:
+    """One ``Prefill`` call, converted from the wire once."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    """The user's params cut down to one token (no stop strings, final output only)."""
+    destination: KvDestination
+    transfer_timeout_s: float
+    span: Any
+    started: float = 0.0
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -42,7 +64,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefillResponse:
         core = self.core
-        dest = request.destination
+        dest = destination_from_proto(request.destination)
         budget = remaining(context, core.cfg.transfer_timeout_s + 600)
         await core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(budget, 5.0))
         user = sampling_from_proto(request.sampling)
@@ -51,39 +73,64 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             cache_salt=request.cache_salt or None,
         )
         rid = request.request_id
-        start = time.perf_counter()
-        timer = core.request_metrics.stream()
         ids = list(request.prompt_token_ids)
         span = tracing.start_span("prefill", tracing.incoming(context), request_id=rid,
                                   prompt_tokens=len(ids), destination=dest.worker_id)
         bind_request(rid, span)
+        job = PrefillJob(rid, ids, params, dest,
+                         min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
+                         span, time.perf_counter())
         try:
-            return await self._prefill(request, context, params, rid, ids, start, timer, span)
+            return await self._run(job)
         except Exception as exc:
             span.record_exception(exc)
             raise
         finally:
             span.end()
 
-    async def _prefill(self, request, context, params, rid, ids, start, timer, span):  # type: ignore[no-untyped-def]
+    async def _run(self, job: PrefillJob) -> worker_pb2.PrefillResponse:
         core = self.core
-        dest = request.destination
-        sctx = tracing.child_context(span)
+        sctx = tracing.child_context(job.span)
+        timer = core.request_metrics.stream()
         if self.tier is not None:
             fetch = tracing.start_span("kvstore.fetch", sctx)
-            fetched = await self.tier.fetch(ids, params, tracing.child_context(fetch))
+            fetched = await self.tier.fetch(job.prompt, job.params, tracing.child_context(fetch))
             fetch.set_attribute("pdmesh.fetched_tokens", fetched)
             fetch.end()
-        final = None
-        sender = ChunkSender(core, rid, dest,
-                             min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
-                             span)
-        transfer = tracing.start_span("kv_transfer", sctx, peer=dest.worker_id,
-                                      first_block=dest.first_block,
+        dest = job.destination
+        sender = ChunkSender(core, job.request_id, dest, job.transfer_timeout_s, job.span)
+        transfer = tracing.start_span("kv_transfer", sctx, peer=dest.worker_id, first_block=dest.first_block,
                                       bytes_needed=len(dest.block_ids) * core.transport.block_bytes)
+        final = await self._compute(job, sender, transfer)
+        computed_at = time.perf_counter()
+        timer.tokens(1)
+        offloading = False
+        try:
+            try:
+                sent_blocks = await sender.finish(-(-len(job.prompt) // core.cfg.block_size))
+            finally:
+                transfer.set_attributes({"pdmesh.bytes": sender.bytes,
+                                         "pdmesh.blocks": sender.sent - dest.first_block,
+                                         "pdmesh.overlapped_blocks": sender.overlapped_blocks})
+                transfer.end()
+            core.counters.overlapped_blocks += sender.overlapped_blocks
+            if self.tier is not None:
+                task = asyncio.create_task(self._offload_then_release(job.request_id, sctx))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                offloading = True
+        finally:
+            if not offloading:
+                core.aeng.call(lambda: core.engine.handoff.release(job.request_id))
+        timer.done("prefilled")
+        return self._response(job, final, sent_blocks, sender.bytes, computed_at)
+
+    async def _compute(self, job: PrefillJob, sender: ChunkSender, transfer: Any) -> RequestOutput:
+        """Run the prompt with its KV held, sending finished blocks while later chunks run."""
+        final = None
         sender.start()
         try:
-            async for out in core.aeng.generate(ids, params, rid, hold_kv=True):
+            async for out in self.core.aeng.generate(job.prompt, job.params, job.request_id, hold_kv=True):
                 final = out
         except BaseException:
             await sender.stop()
@@ -92,47 +139,29 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if final is None or not final.outputs:
             await sender.stop()
             transfer.end()
-            raise RuntimeError(f"prefill of {rid} produced no token")
-        computed_at = time.perf_counter()
-        timer.tokens(1)
-        offloading = False
-        try:
-            total_blocks = -(-len(ids) // core.cfg.block_size)
-            try:
-                sent_blocks = await sender.finish(total_blocks)
-            finally:
-                transfer.set_attributes({"pdmesh.bytes": sender.bytes,
-                                         "pdmesh.blocks": sender.sent - dest.first_block,
-                                         "pdmesh.overlapped_blocks": sender.overlapped_blocks})
-                transfer.end()
-            moved = sender.bytes
-            core.counters.overlapped_blocks += sender.overlapped_blocks
-            if self.tier is not None:
-                task = asyncio.create_task(self._offload_then_release(rid, sctx))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-                offloading = True
-        finally:
-            if not offloading:
-                core.aeng.call(lambda: core.engine.handoff.release(rid))
-        done = time.perf_counter()
+            raise RuntimeError(f"prefill of {job.request_id} produced no token")
+        return final
+
+    def _response(self, job: PrefillJob, final: RequestOutput, sent_blocks: int, moved: int,
+                  computed_at: float) -> worker_pb2.PrefillResponse:
+        core = self.core
         comp = final.outputs[0]
         cached = final.metrics.num_cached_tokens
         m = final.metrics
-        span.set_attributes({
-            "pdmesh.cached_tokens": cached, "pdmesh.computed_tokens": len(ids) - cached,
+        job.span.set_attributes({
+            "pdmesh.cached_tokens": cached, "pdmesh.computed_tokens": len(job.prompt) - cached,
             "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
         })
         core.counters.cached_prompt_tokens += cached
-        core.counters.computed_prompt_tokens += len(request.prompt_token_ids) - cached
+        core.counters.computed_prompt_tokens += len(job.prompt) - cached
         resp = worker_pb2.PrefillResponse(
             first_token_id=comp.token_ids[0], cached_tokens=cached,
             blocks_transferred=sent_blocks, bytes_transferred=moved,
-            prefill_ms=1000 * (computed_at - start), transfer_ms=1000 * (done - computed_at),
+            prefill_ms=1000 * (computed_at - job.started),
+            transfer_ms=1000 * (time.perf_counter() - computed_at),
         )
         if comp.logprobs:
             resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
-        timer.done("prefilled")
         return resp
 
     async def _offload_then_release(self, rid: str, ctx) -> None:  # type: ignore[no-untyped-def]
@@ -143,3 +172,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         finally:
             span.end()
             self.core.aeng.call(lambda: self.core.engine.handoff.release(rid))
+
+
+def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> PrefillServicer:
+    servicer = PrefillServicer(core)
+    worker_pb2_grpc.add_PrefillServicer_to_server(servicer, server)
+    return servicer

@@ -5,33 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pdmesh.config import MeshContract
+from pdmesh.service_config import ServerConfig
 
-@dataclass(frozen=True)
-class RouterConfig:
-    model: str
-    """Model folder: the router tokenizes with its tokenizer and checks workers serve it."""
-    host: str = "127.0.0.1"
-    port: int = 0
-    port_file: str = ""
-    metrics_port: int = -1
-    """Prometheus /metrics port: -1 off, 0 any free port (written to ``{port_file}.metrics``)."""
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig(MeshContract, ServerConfig):
+    """The router tokenizes with the model's tokenizer and refuses workers that break the
+    mesh contract (model, block size, hash seed and algorithm, and dtype unless "auto")."""
+
     prefill: tuple[str, ...] = ()
-    """Prefill worker addresses (host:port)."""
+    """Prefill worker addresses (host:port, comma-separated)."""
     decode: tuple[str, ...] = ()
-    """Decode worker addresses (host:port)."""
+    """Decode worker addresses (host:port, comma-separated)."""
     redis_url: str = ""
     """The prefix index; empty = route by consistent hashing only."""
     prefill_policy: Literal["cache_aware", "prefix_hash", "least_loaded", "round_robin"] = "cache_aware"
+    """How to pick the prefill worker."""
     decode_policy: Literal["least_loaded", "round_robin"] = "least_loaded"
+    """How to pick the decode worker."""
     disaggregation: Literal["strict", "fallback_local"] = "fallback_local"
     """strict: fail (UNAVAILABLE) without a healthy prefill worker; fallback_local: the
     decode worker prefills itself, counted in RouterStats."""
     local_prefill_tokens: int = 0
     """Prompts with fewer uncached tokens than this prefill on the decode worker (0 = never)."""
-    block_size: int = 16
-    hash_seed: int = 0
-    hash_algorithm: Literal["xxh3_128", "sha256"] = "xxh3_128"
-    """The mesh's hashing contract; workers that differ are refused."""
     cache_weight: float = 1.0
     """cache_aware: value of one cached prompt token ..."""
     load_weight: float = 64.0
@@ -42,7 +39,8 @@ class RouterConfig:
     balance_threshold: int = 8
     """cache_aware imbalance guard: when in-flight counts differ by more, pick the least loaded."""
     info_interval_s: float = 0.5
+    """How often to refresh every worker's Info (health, load, compatibility)."""
     request_timeout_s: float = 600.0
     """Deadline for requests that carry none."""
     lease_ms: int = 30000
-    drain_grace_s: float = 10.0
+    """How long a decode worker holds a reservation whose KV has not arrived."""

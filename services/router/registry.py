@@ -1,8 +1,9 @@
 """The workers a router knows: health, load and compatibility from their ``Info``.
 
 A worker is refused (and never routed to) when its block size, hash seed or algorithm
-differ from the router's contract, when it serves another model, or when its KV layout
-(compat hash) differs from the mesh's first accepted worker. The reason is logged once
+(or dtype, unless the router's is "auto") differ from the router's contract, when it
+serves another model, or when its KV layout (compat hash) differs from the mesh's first
+accepted worker. The reason is logged once
 and shown by ``MeshAdmin.ListWorkers``.
 """
 
@@ -10,27 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from pdmesh.serving.clients import worker_stub
-from pdmesh.v1 import worker_pb2
+from pdmesh.mesh_types import WorkerInfo
+from pdmesh.rpc.clients import fetch_info
 from services.router.config import RouterConfig
 
 log = logging.getLogger(__name__)
-_ROLE = {"prefill": worker_pb2.WORKER_ROLE_PREFILL, "decode": worker_pb2.WORKER_ROLE_DECODE}
 
 
 @dataclass(eq=False)
 class WorkerHandle:
     address: str
     role: str
-    info: worker_pb2.WorkerInfo | None = None
+    info: WorkerInfo | None = None
     healthy: bool = False
     refused: str = ""
     in_flight: int = 0
+    """Requests this router has sent and not yet seen finish."""
+    info_at: float = 0.0
+    """When ``info`` was fetched (monotonic)."""
+    released_at: float = 0.0
+    """When one of this router's requests last finished here (monotonic)."""
 
     @property
     def worker_id(self) -> str:
@@ -38,8 +44,21 @@ class WorkerHandle:
 
     @property
     def load(self) -> int:
-        """Requests in flight from this router, plus those queued on the worker."""
-        return self.in_flight + (self.info.num_waiting if self.info is not None else 0)
+        """Requests in flight from this router, plus those queued on the worker.
+
+        The queue length is dropped when ``info`` predates one of our own completions: the
+        request it counted may be the one that just finished, and counting it would push
+        the next request away from the worker that holds its prefix.
+        """
+        queued = self.info.num_waiting if self.info is not None and self.info_at > self.released_at else 0
+        return self.in_flight + queued
+
+    def acquire(self) -> None:
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.released_at = time.monotonic()
 
 
 class Registry:
@@ -61,23 +80,24 @@ class Registry:
 
     async def _refresh(self, w: WorkerHandle) -> None:
         try:
-            info = await worker_stub(w.address).Info(worker_pb2.InfoRequest(), timeout=1.0)
+            info = await fetch_info(w.address, timeout=1.0)
         except grpc.aio.AioRpcError:
             if w.healthy:
                 log.warning("%s worker at %s stopped answering", w.role, w.address)
             w.healthy = False
             return
         w.info = info
+        w.info_at = time.monotonic()
         reason = self._refusal(w, info)
         if reason != w.refused and reason:
             log.error("refusing %s worker %s at %s: %s", w.role, info.worker_id, w.address, reason)
         w.refused = reason
         w.healthy = not reason
 
-    def _refusal(self, w: WorkerHandle, info: worker_pb2.WorkerInfo) -> str:
+    def _refusal(self, w: WorkerHandle, info: WorkerInfo) -> str:
         cfg = self.cfg
         checks = [
-            (info.role == _ROLE[w.role], f"it is not a {w.role} worker"),
+            (info.role == w.role, f"it is not a {w.role} worker"),
             (info.model == Path(cfg.model).name,
              f"it serves model {info.model!r}, the mesh serves {Path(cfg.model).name!r}"),
             (info.block_size == cfg.block_size,
@@ -86,6 +106,8 @@ class Registry:
              f"hash_seed {info.hash_seed} differs from the mesh's {cfg.hash_seed}"),
             (info.hash_algorithm == cfg.hash_algorithm,
              f"hash_algorithm {info.hash_algorithm!r} differs from the mesh's {cfg.hash_algorithm!r}"),
+            (cfg.dtype == "auto" or info.dtype == cfg.dtype,
+             f"dtype {info.dtype!r} differs from the mesh's {cfg.dtype!r}"),
         ]
         for ok, why in checks:
             if not ok:

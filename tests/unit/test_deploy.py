@@ -15,8 +15,8 @@ from pdmesh.cli import _service_config, build_parser
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 _CONFIGS = {
     "router": ("services.router.config", "RouterConfig", "PDMESH_ROUTER_"),
-    "prefill": ("pdmesh.serving.worker_config", "WorkerConfig", "PDMESH_WORKER_"),
-    "decode": ("pdmesh.serving.worker_config", "WorkerConfig", "PDMESH_WORKER_"),
+    "prefill": ("services.worker.config", "WorkerConfig", "PDMESH_WORKER_"),
+    "decode": ("services.worker.config", "WorkerConfig", "PDMESH_WORKER_"),
     "kvstore": ("services.kvstore.config", "KVStoreConfig", "PDMESH_KVSTORE_"),
 }
 

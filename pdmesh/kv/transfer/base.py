@@ -19,6 +19,29 @@ class TransferState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class KVRegion:
+    """A registered KV pool: ``num_blocks`` contiguous blocks of ``block_bytes`` from ``base_addr``.
+
+    The memory belongs to the caller (a torch tensor on a worker, a numpy array in the
+    kvstore) and must outlive the transport.
+    """
+
+    base_addr: int
+    num_blocks: int
+    block_bytes: int
+    mem_type: str = "DRAM"
+    """"DRAM" or "VRAM"."""
+    device_id: int = 0
+
+    @classmethod
+    def of_tensor(cls, pool) -> KVRegion:  # type: ignore[no-untyped-def]
+        """The region of a ``[num_blocks, ...]`` torch tensor (duck-typed: no torch import)."""
+        cuda = bool(pool.is_cuda)
+        return cls(pool.data_ptr(), pool.shape[0], pool[0].numel() * pool.element_size(),
+                   "VRAM" if cuda else "DRAM", (pool.device.index or 0) if cuda else 0)
+
+
+@dataclass(frozen=True, slots=True)
 class PeerLayout:
     """What a sender needs to address a receiver's KV pool."""
 
@@ -36,10 +59,17 @@ class KVTransport(Protocol):
     """One per worker; every method is non-blocking."""
 
     name: str
+    region: KVRegion
+    """This worker's own registered pool."""
+    block_bytes: int
 
     def metadata(self) -> bytes: ...
 
+    def has_peer(self, name: str) -> bool: ...
+
     def add_peer(self, peer: PeerLayout) -> None: ...
+
+    def remove_peer(self, name: str) -> None: ...
 
     def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
         """Start writing local blocks into the peer's blocks; returns a handle to poll."""

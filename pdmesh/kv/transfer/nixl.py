@@ -12,9 +12,8 @@ import logging
 import os
 
 import numpy as np
-import torch
 
-from pdmesh.kv.transfer.base import PeerLayout, TransferState
+from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
 
 log = logging.getLogger(__name__)
 
@@ -29,32 +28,37 @@ def _rows(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.nd
 
 
 class NixlTransport:
-    def __init__(self, name: str, kv_cache: torch.Tensor, backends: tuple[str, ...] = ("UCX",)) -> None:
+    """Torch-free: it sees the pool as a ``KVRegion`` (address, blocks, bytes per block)."""
+
+    def __init__(self, name: str, region: KVRegion, backends: tuple[str, ...] = ("UCX",)) -> None:
         os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
         from nixl._api import nixl_agent, nixl_agent_config
 
         self.name = name
-        self.kv_cache = kv_cache
-        self.num_blocks = kv_cache.shape[0]
-        self.block_bytes = kv_cache[0].numel() * kv_cache.element_size()
-        self.mem_type = "VRAM" if kv_cache.is_cuda else "DRAM"
-        self.device_id = (kv_cache.device.index or 0) if kv_cache.is_cuda else 0
+        self.region = region
+        self.num_blocks = region.num_blocks
+        self.block_bytes = region.block_bytes
+        self.mem_type = region.mem_type
+        self.device_id = region.device_id
         # No NIXL progress thread: it spins a whole core even when idle (measured: 3.0 CPU-s
         # per 3 s), which on a CPU host starves the model. Our poll loops drive progress.
         self.agent = nixl_agent(
             name, nixl_agent_config(enable_prog_thread=False, backends=list(backends))
         )
-        self._reg = self.agent.register_memory(kv_cache)
+        self._reg = self.agent.register_memory(
+            [(region.base_addr, region.num_blocks * region.block_bytes, region.device_id, "")],
+            region.mem_type,
+        )
         self._local = self.agent.prep_xfer_dlist(
             "NIXL_INIT_AGENT",
-            _rows(kv_cache.data_ptr(), self.block_bytes, self.num_blocks, self.device_id),
+            _rows(region.base_addr, self.block_bytes, self.num_blocks, self.device_id),
             self.mem_type,
         )
         self._peers: dict[str, object] = {}
 
     @property
     def base_addr(self) -> int:
-        return self.kv_cache.data_ptr()
+        return self.region.base_addr
 
     def metadata(self) -> bytes:
         return self.agent.get_agent_metadata()

@@ -1,5 +1,5 @@
 from pdmesh.kv.block_hash import BlockHasher
-from pdmesh.v1 import worker_pb2
+from pdmesh.mesh_types import WorkerInfo
 from services.router.policies.base import RouteContext
 from services.router.policies.cache_aware import CacheAwarePolicy
 from services.router.policies.least_loaded import LeastLoadedPolicy
@@ -15,7 +15,7 @@ def workers(n: int, loads: list[int] | None = None) -> list[WorkerHandle]:
     out = []
     for i in range(n):
         w = WorkerHandle(f"127.0.0.1:{9000 + i}", "prefill", healthy=True)
-        w.info = worker_pb2.WorkerInfo(worker_id=f"p{i}", free_blocks=100 - i)
+        w.info = WorkerInfo(worker_id=f"p{i}", free_blocks=100 - i)
         w.in_flight = (loads or [0] * n)[i]
         out.append(w)
     return out
@@ -81,3 +81,20 @@ def test_recent_routes_predict_the_prefix_before_the_index_knows() -> None:
     recent.remember(HASHES[:3], "p2")
     assert recent.depths(HASHES) == {"p2": 3}
     assert RecentRoutes(ttl_s=0.0).depths(HASHES) == {}
+
+
+def test_load_ignores_a_queue_length_older_than_our_last_completion() -> None:
+    import time
+
+    from dataclasses import replace
+
+    w = workers(1)[0]
+    w.info = replace(w.info, num_waiting=1)  # type: ignore[arg-type]
+    w.info_at = time.monotonic()
+    assert w.load == 1
+    w.acquire()
+    assert w.load == 2
+    w.release()  # our request finished after that Info was taken: its queue entry may be ours
+    assert w.load == 0
+    w.info_at = time.monotonic()
+    assert w.load == 1

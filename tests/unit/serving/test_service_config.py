@@ -6,7 +6,7 @@ import pytest
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.service_config import load_config
-from pdmesh.serving.worker_config import WorkerConfig
+from services.worker.config import WorkerConfig
 from services.router.config import RouterConfig
 
 

@@ -1,11 +1,14 @@
-"""Channels and stubs to pdmesh services, cached per address."""
+"""Channels and stubs to pdmesh services, cached per address, and the calls that return
+domain records instead of generated types."""
 
 from __future__ import annotations
 
 import grpc
 
+from pdmesh.mesh_types import WorkerInfo
+from pdmesh.rpc.convert import info_from_proto
 from pdmesh.rpc.server import CHANNEL_OPTIONS
-from pdmesh.v1 import kvstore_pb2_grpc, worker_pb2_grpc
+from pdmesh.v1 import kvstore_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 _channels: dict[str, grpc.aio.Channel] = {}
 
@@ -34,3 +37,8 @@ def decode_stub(address: str) -> worker_pb2_grpc.DecodeStub:
 def kvstore_stub(address: str) -> kvstore_pb2_grpc.KVStoreStub:
     return kvstore_pb2_grpc.KVStoreStub(channel(address))
 
+
+async def fetch_info(address: str, timeout: float, kvstore: bool = False) -> WorkerInfo:
+    """A worker's (or the kvstore's) ``Info``; raises ``grpc.aio.AioRpcError`` when it is down."""
+    stub = kvstore_stub(address) if kvstore else worker_stub(address)
+    return info_from_proto(await stub.Info(worker_pb2.InfoRequest(), timeout=timeout))

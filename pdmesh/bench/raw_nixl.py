@@ -1,0 +1,52 @@
+"""Raw NIXL write throughput between two processes: the ceiling the mesh's KV writes are
+measured against (same block size, same blocks per write)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+
+def _raw_nixl_receiver(conn, block_bytes: int, blocks: int) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from pdmesh.kv.transfer.base import KVRegion
+    from pdmesh.kv.transfer.nixl import NixlTransport
+
+    buf = torch.zeros(blocks, block_bytes // 4)
+    t = NixlTransport("raw-dst", KVRegion.of_tensor(buf))
+    conn.send((t.metadata(), t.base_addr))
+    while not conn.poll(0.0005):  # drive UCX progress on the target, as a worker does
+        t.take_notifs()
+    conn.recv()
+    t.close()
+
+
+def raw_nixl_gib_s(block_bytes: int, blocks: int) -> float:
+    import torch
+
+    from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
+    from pdmesh.kv.transfer.nixl import NixlTransport
+
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_raw_nixl_receiver, args=(there, block_bytes, blocks))
+    proc.start()
+    meta, base = here.recv()
+    pool = torch.randn(blocks, block_bytes // 4)
+    src = NixlTransport("raw-src", KVRegion.of_tensor(pool))
+    src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, blocks))
+    ids = list(range(blocks))
+    seconds = 0.0
+    rounds = 20
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        h = src.write("raw-dst", ids, ids, b"raw")
+        while src.poll(h) is TransferState.PENDING:
+            pass
+        seconds += time.perf_counter() - t0
+        src.release(h)
+    src.close()
+    here.send("done")
+    proc.join(30)
+    return rounds * blocks * block_bytes / seconds / 2**30

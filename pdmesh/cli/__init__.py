@@ -1,0 +1,131 @@
+"""pdmesh: disaggregated prefill/decode LLM serving.
+
+Commands: model make-tiny (write a seeded HF model folder), generate (one streamed
+generation, in process or through a mesh), up (a whole mesh on this machine), prefill |
+decode | router | kvstore (one service), bench engine | mesh | tracing (benchmarks)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pdmesh.cli.options import add_config_flags
+from pdmesh.cli.options import config_from_args as _service_config  # noqa: F401 (tests, deploy checks)
+from pdmesh.cli.services import add_up_flags, config_class, run_service, run_up
+from pdmesh.config import EngineArgs
+from pdmesh.errors import PdmeshError
+
+_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from pdmesh.tools.make_tiny import make_tiny
+
+    out = make_tiny(args.dir, args.arch, args.size, args.seed, args.shard_bytes)
+    print(f"wrote {args.size} {args.arch} model (seed {args.seed}) to {out}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from pdmesh.cli.generate import run_generate
+
+    return run_generate(args)
+
+
+def _bench(name: str):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        if name == "engine":
+            from pdmesh.bench.engine import run_engine_bench as bench
+        elif name == "mesh":
+            from pdmesh.bench.mesh import run_mesh_bench as bench
+        else:
+            from pdmesh.bench.tracing import run_tracing_bench as bench
+        bench(args)
+        return 0
+
+    return run
+
+
+def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
+    model = sub.add_parser("model", help="model utilities")
+    msub = model.add_subparsers(dest="model_command", required=True)
+    tiny = msub.add_parser("make-tiny", help="write a seeded random HF model folder (no download)")
+    tiny.add_argument("dir", help="folder to write")
+    tiny.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"],
+                      help="architecture (default: llama)")
+    tiny.add_argument("--size", default="tiny", choices=["tiny", "small"],
+                      help="tiny: unit tests; small: the 40M default model (default: tiny)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    tiny.add_argument("--shard-bytes", type=int, default=None,
+                      help="write sharded safetensors of at most this size (default: one file)")
+    tiny.set_defaults(func=_make_tiny)
+
+
+def _add_generate(sub) -> None:  # type: ignore[no-untyped-def]
+    gen = sub.add_parser("generate", help="stream one generation to the terminal")
+    add_config_flags(gen, EngineArgs, config_file=False)
+    gen.add_argument("--router", default=None, help="send to a running mesh at HOST:PORT instead of loading the model here (default: unset)")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default: 1.0)")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely; 0 = all (default: 0)")
+    gen.add_argument("--seed", type=int, default=None, help="makes sampling reproducible (default: unset)")
+    gen.add_argument("--stop", action="append", help="stop string, repeatable (default: none)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.set_defaults(func=_generate)
+
+
+def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
+    bench = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    beng = bsub.add_parser("engine", help="the in-process engine vs transformers")
+    add_config_flags(beng, EngineArgs, config_file=False)
+    beng.add_argument("--out", default="bench-results/engine.json", help="JSON report (default: %(default)s)")
+    beng.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    beng.set_defaults(func=_bench("engine"))
+    bmesh = bsub.add_parser("mesh", help="the mesh vs in-process, routing policies, transfer, index")
+    bmesh.add_argument("--model", required=True, help="Hugging Face model folder (required)")
+    bmesh.add_argument("--dtype", default="float32", help="weights and KV dtype (default: float32)")
+    bmesh.add_argument("--out", default="bench-results/mesh.json", help="JSON report (default: %(default)s)")
+    bmesh.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    bmesh.set_defaults(func=_bench("mesh"))
+    btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
+    btr.add_argument("--requests", type=int, default=5000, help="requests to time (default: 5000)")
+    btr.add_argument("--out", default="bench-results/tracing.json", help="JSON report (default: %(default)s)")
+    btr.set_defaults(func=_bench("tracing"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdmesh", description=__doc__, formatter_class=_FORMAT)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_model(sub)
+    _add_generate(sub)
+    helps = {"prefill": "run a prefill worker", "decode": "run a decode worker",
+             "router": "run the router", "kvstore": "run the shared CPU-memory KV-block tier"}
+    for role, text in helps.items():
+        p = sub.add_parser(role, help=text, description=f"{text}; every option is also a YAML key "
+                           f"and a variable (see the README)")
+        add_config_flags(p, config_class(role), skip=("role",))
+        p.set_defaults(func=run_service(role))
+    up = sub.add_parser("up", help="start a whole mesh on this machine (Redis, kvstore, workers, router)")
+    add_up_flags(up)
+    up.set_defaults(func=run_up)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except PdmeshError as exc:
+        print(f"pdmesh: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""``pdmesh prefill | decode | router | kvstore`` (one service) and ``pdmesh up`` (a mesh)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from pdmesh.cli.options import config_from_args
+
+ENV_PREFIX = {"prefill": "PDMESH_WORKER_", "decode": "PDMESH_WORKER_", "router": "PDMESH_ROUTER_",
+              "kvstore": "PDMESH_KVSTORE_"}
+
+
+def config_class(role: str) -> type:
+    """The config dataclass of a service role (imports stay torch-free)."""
+    if role in ("prefill", "decode"):
+        from services.worker.config import WorkerConfig
+
+        return WorkerConfig
+    if role == "router":
+        from services.router.config import RouterConfig
+
+        return RouterConfig
+    from services.kvstore.config import KVStoreConfig
+
+    return KVStoreConfig
+
+
+def _serve_function(role: str) -> Callable[[Any], Coroutine[Any, Any, None]]:
+    if role == "prefill":
+        from services.prefill.server import serve
+    elif role == "decode":
+        from services.decode.server import serve
+    elif role == "router":
+        from services.router.server import serve
+    else:
+        from services.kvstore.server import serve
+    return serve
+
+
+def run_service(role: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import asyncio
+
+        from pdmesh.telemetry.logging_setup import setup_logging
+        from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
+
+        if role in ("prefill", "decode"):
+            args.role = role
+        cfg = config_from_args(args, config_class(role), ENV_PREFIX[role])
+        setup_logging()
+        setup_tracing(f"pdmesh-{role}")
+        try:
+            asyncio.run(_serve_function(role)(cfg))
+        finally:
+            shutdown_tracing()
+        return 0
+
+    return run
+
+
+def add_up_flags(up: argparse.ArgumentParser) -> None:
+    up.add_argument("--model", required=True, help="Hugging Face model folder (required)")
+    up.add_argument("--prefill", type=int, default=1, help="prefill workers (default: 1)")
+    up.add_argument("--decode", type=int, default=1, help="decode workers (default: 1)")
+    up.add_argument("--kvstore", type=int, default=1, choices=[0, 1],
+                    help="start the shared kvstore tier (default: 1)")
+    up.add_argument("--port", type=int, default=50051, help="router port; 0 = any free (default: 50051)")
+    up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one (default: unset)")
+    up.add_argument("--log-dir", default=None, help="where each process logs (default: a temp folder)")
+    up.add_argument("--ready-file", default=None, help="write the router address to this file when ready (default: unset)")
+    # Passed to every worker (and, where it is part of the mesh contract, router and kvstore);
+    # unset flags leave each service its own default, shown here from the one source.
+    from pdmesh.config import EngineArgs
+    from pdmesh.service_config import field_docs
+
+    docs = field_docs(EngineArgs)
+    for name in ("dtype", "block_size", "hash_seed", "num_blocks", "kv_cache_memory_gb",
+                 "max_num_seqs", "max_num_batched_tokens"):
+        up.add_argument("--" + name.replace("_", "-"), default=None,
+                        help=f"{docs[name]} (default: the worker's, {getattr(EngineArgs, name)})")
+    up.add_argument("--threads", default=None,
+                    help="torch threads per worker (default: the machine's cores shared equally)")
+    # Router options.
+    up.add_argument("--prefill-policy", default=None, help="prefill routing policy (default: cache_aware)")
+    up.add_argument("--decode-policy", default=None, help="decode routing policy (default: least_loaded)")
+    up.add_argument("--disaggregation", default=None,
+                    help="strict | fallback_local: without a prefill worker, fail or prefill on decode "
+                         "(default: fallback_local)")
+    up.add_argument("--local-prefill-tokens", default=None,
+                    help="prompts with fewer uncached tokens prefill on the decode worker (default: 0 = never)")
+
+
+def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            out += ["--" + name.replace("_", "-"), str(value)]
+    return out
+
+
+def run_up(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from pdmesh.launcher import Mesh, MeshSpec
+
+    contract = _flags(args, ("dtype", "block_size", "hash_seed"))
+    spec = MeshSpec(
+        model=args.model, prefill=args.prefill, decode=args.decode, kvstore=args.kvstore,
+        port=args.port, redis_url=args.redis_url or "", log_dir=args.log_dir or "",
+        worker_args=contract + _flags(args, ("num_blocks", "kv_cache_memory_gb", "max_num_seqs",
+                                             "max_num_batched_tokens", "threads")),
+        router_args=contract + _flags(args, ("prefill_policy", "decode_policy", "disaggregation",
+                                             "local_prefill_tokens")),
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    mesh = Mesh(spec)
+    print(f"pdmesh up: starting {args.prefill} prefill + {args.decode} decode workers "
+          f"(logs in {mesh.log_dir})", flush=True)
+    mesh.start()
+    try:
+        print(f"{'redis':<10} {mesh.redis_url}")
+        for p in [*mesh.kvstore, *mesh.prefill, *mesh.decode, mesh.router]:
+            print(f"{p.name:<10} {p.address:<22} metrics http://{p.metrics_address}/metrics")
+        print(f"pdmesh mesh ready: router on {mesh.router_address}", flush=True)
+        if args.ready_file:
+            Path(args.ready_file).write_text(mesh.router_address)
+        stop.wait()
+        print("pdmesh up: draining and stopping", flush=True)
+    finally:
+        mesh.stop()
+    return 0

@@ -1,0 +1,63 @@
+"""The shape of a KV block, which every process that stores or moves blocks must agree on.
+
+Torch-free on purpose: the kvstore and the router reason about blocks (bytes per block,
+compatibility) without loading torch. The engine's pool tensor is
+``[num_blocks, *KVLayout.block_shape]``, so one block across all layers is contiguous and
+travels as one NIXL descriptor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+
+from pdmesh.errors import UnsupportedModelError
+from pdmesh.model.config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""The KV and weight dtypes pdmesh serves, by name, and their element size."""
+
+
+def resolve_dtype_name(requested: str, cfg: ModelConfig) -> str:
+    """The dtype to run in: the one asked for, or for "auto" the config's (float32 if none)."""
+    name = requested
+    if requested == "auto":
+        name = cfg.torch_dtype if cfg.torch_dtype in DTYPE_BYTES else "float32"
+    if name not in DTYPE_BYTES:
+        raise UnsupportedModelError(
+            f"dtype={requested!r} is not supported; choose {sorted(DTYPE_BYTES)} or 'auto'"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayout:
+    num_layers: int
+    block_size: int
+    """Tokens per block."""
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    """A key of ``DTYPE_BYTES``."""
+
+    @classmethod
+    def for_model(cls, cfg: ModelConfig, block_size: int, dtype: str) -> KVLayout:
+        return cls(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+    @property
+    def block_shape(self) -> tuple[int, int, int, int, int]:
+        """``(layers, K/V, block_size, kv_heads, head_dim)``: one block, all layers."""
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def block_bytes(self) -> int:
+        return prod(self.block_shape) * DTYPE_BYTES[self.dtype]
+
+    def compat_hash(self, model: str, hash_algorithm: str, hash_seed: int) -> str:
+        """Digest of what two processes must share to exchange KV blocks and block hashes."""
+        blob = json.dumps([Path(model).name, self.dtype, self.block_size, hash_algorithm,
+                           hash_seed, list(self.block_shape)])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

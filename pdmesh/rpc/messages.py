@@ -1,0 +1,52 @@
+"""Builders of the internal request messages the router sends to workers.
+
+The router works with domain values (ids, ``SamplingParams``); these turn them into the
+wire messages in one place. Responses it merely relays (a decode worker's token stream)
+pass through untouched: converting every streamed token twice would cost throughput.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdmesh.rpc.convert import sampling_to_proto
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
+
+
+def reserve_request(rid: str, ids: list[int], params: SamplingParams, lease_ms: int) -> worker_pb2.ReserveRequest:
+    return worker_pb2.ReserveRequest(
+        request_id=rid, prompt_token_ids=ids, sampling=sampling_to_proto(params),
+        cache_salt=params.cache_salt or "", lease_ms=lease_ms,
+    )
+
+
+def prefill_request(rid: str, ids: list[int], params: SamplingParams, handle: Any) -> worker_pb2.PrefillRequest:
+    """``handle`` is the decode worker's ``KvHandle``, forwarded as it came."""
+    return worker_pb2.PrefillRequest(
+        request_id=rid, prompt_token_ids=ids, sampling=sampling_to_proto(params),
+        cache_salt=params.cache_salt or "", destination=handle,
+    )
+
+
+def decode_request(rid: str, prefill_response: Any, handle: Any) -> worker_pb2.DecodeRequest:
+    msg = worker_pb2.DecodeRequest(
+        request_id=rid, first_token_id=prefill_response.first_token_id,
+        cached_tokens=max(handle.cached_tokens, prefill_response.cached_tokens),
+        transfer_id=handle.transfer_id,
+    )
+    if prefill_response.HasField("first_logprob"):
+        msg.first_logprob.CopyFrom(prefill_response.first_logprob)
+    return msg
+
+
+def release_request(rid: str) -> worker_pb2.ReleaseRequest:
+    return worker_pb2.ReleaseRequest(request_id=rid)
+
+
+def abort_response(rid: str, prompt_tokens: int, completion_tokens: int) -> generate_pb2.GenerateResponse:
+    """The last message of a stream ended by ``Abort``."""
+    return generate_pb2.GenerateResponse(
+        request_id=rid, finish_reason=common_pb2.FINISH_REASON_ABORT,
+        usage=generate_pb2.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+    )

@@ -1,0 +1,41 @@
+"""Process-level helpers every service shares: port files, advertised addresses, deadlines.
+
+Torch-free and engine-free, so the router and the kvstore can use them without loading
+the model stack.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import grpc
+
+
+def advertised(explicit: str, host: str, port: int) -> str:
+    """The address other processes should dial to reach a server bound to host:port."""
+    if explicit:
+        return explicit
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        return f"{socket.gethostname()}:{port}"
+    return f"{host}:{port}"
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Atomically publish the bound port (launchers start services on port 0)."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(path)
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds: leases cross processes, so they use Unix time."""
+    return int(time.time() * 1000)
+
+
+def remaining(context: grpc.aio.ServicerContext, default: float) -> float:
+    """Seconds left on the caller's deadline (``default`` when it set none)."""
+    left = context.time_remaining()
+    return default if left is None else max(0.0, left)

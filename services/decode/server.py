@@ -1,0 +1,21 @@
+"""Run a decode worker: the shared worker runtime plus the ``Decode`` service, its lease
+reaper and its NIXL notification watcher."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.decode import servicer
+from services.worker.config import WorkerConfig
+from services.worker.core import WorkerCore
+from services.worker.server import Background
+from services.worker.server import serve as serve_worker
+
+
+def attach(server: grpc.aio.Server, core: WorkerCore) -> list[Background]:
+    decode = servicer.add_to_server(server, core)
+    return [decode.reap_leases(), decode.watch_notifications()]
+
+
+async def serve(cfg: WorkerConfig) -> None:
+    await serve_worker(cfg, servicer.SERVICE, attach)

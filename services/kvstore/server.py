@@ -1,0 +1,72 @@
+"""Run the kvstore process: the pool, its gRPC service, UCX progress and index publishing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+from grpc_health.v1 import health
+from prometheus_client import CollectorRegistry
+
+from pdmesh.rpc.process import advertised, write_port_file
+from pdmesh.rpc.server import create_server as create_grpc_server
+from pdmesh.rpc.server import serve_until_signal, set_serving
+from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
+from services.kvstore import servicer
+from services.kvstore.config import KVStoreConfig
+from services.kvstore.pool import StorePool
+
+NAMES = [servicer.SERVICE]
+
+
+async def progress_pump(pool: StorePool) -> None:
+    """Drive this agent's UCX progress: peers' WRITEs into and READs from our slots need it
+    (there is no NIXL progress thread; it would spin a core). Fast while writes are pending."""
+    while True:
+        pool.transport.take_notifs()
+        await asyncio.sleep(0.0005 if pool.store.reservations else 0.002)
+
+
+def _registry(pool: StorePool) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    store, slots = pool.store, "kvstore slots by state"
+    registry.register(SnapshotCollector(lambda: [
+        ("gauge", "pdmesh_kvstore_blocks", slots, len(store.stored), {"state": "stored"}),
+        ("gauge", "pdmesh_kvstore_blocks", slots, len(store.free), {"state": "free"}),
+        ("gauge", "pdmesh_kvstore_reservations", "Offloads being written", len(store.reservations), {}),
+        ("counter", "pdmesh_kvstore_evictions", "Blocks evicted (LRU)", store.evictions, {}),
+    ]))
+    return registry
+
+
+def create_server(cfg: KVStoreConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, StorePool]:
+    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", NAMES)
+    pool = StorePool(cfg)
+    servicer.add_to_server(server, pool)
+    return server, port, health_servicer, pool
+
+
+async def serve(cfg: KVStoreConfig) -> None:
+    server, port, health_servicer, pool = create_server(cfg)
+    address = advertised(cfg.advertise_address, cfg.host, port)
+    tasks = [asyncio.create_task(progress_pump(pool))]
+    if cfg.redis_url:
+        from pdmesh.index.publisher import IndexPublisher
+
+        publisher = IndexPublisher(cfg.redis_url, cfg.worker_id, pool.epoch, address)
+        tasks.append(asyncio.create_task(publisher.run(pool.store.take_events, lambda: list(pool.store.stored))))
+    await server.start()
+    serve_metrics(_registry(pool), cfg.host, cfg.metrics_port, cfg.port_file)
+    write_port_file(cfg.port_file, port)
+    await set_serving(health_servicer, NAMES, True)
+    print(f"pdmesh kvstore {cfg.worker_id} ready on {address} ({pool.store.capacity} blocks)", flush=True)
+
+    async def stop() -> None:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        pool.close()
+
+    await serve_until_signal(server, health_servicer, NAMES, cfg.drain_grace_s, stop)

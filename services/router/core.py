@@ -1,0 +1,134 @@
+"""The router's shared state: workers, the prefix index, policies, counters, live flows.
+
+Admission (tokenize once, validate, hash) and the two routing decisions live here; what
+happens to one request afterwards is its ``RequestFlow`` (``flow.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
+
+from pdmesh.errors import InvalidRequestError, UnavailableError
+from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
+from pdmesh.model.config import ModelConfig
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.telemetry import tracing
+from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
+from pdmesh.tokenizer import Tokenizer
+from services.router.config import RouterConfig
+from services.router.metrics import router_snapshot
+from services.router.policies import Decision, RouteContext, build_policy
+from services.router.recent import RecentRoutes
+from services.router.registry import Registry, WorkerHandle
+
+log = logging.getLogger(__name__)
+
+
+class RouterCore:
+    def __init__(self, cfg: RouterConfig, workers: Registry, index: Any = None) -> None:
+        self.cfg = cfg
+        self.workers = workers
+        self.index = index
+        """``PrefixIndex`` over Redis, or None (consistent hashing only)."""
+        self.tokenizer = Tokenizer(cfg.model)
+        self.model_config = ModelConfig.from_dir(cfg.model)
+        self.hasher = BlockHasher(cfg.block_size, cfg.hash_seed, cfg.hash_algorithm)
+        self.prefill_policy = build_policy(cfg.prefill_policy, cfg)
+        self.decode_policy = build_policy(cfg.decode_policy, cfg)
+        self.decisions: Counter[str] = Counter()
+        self.local_prefills = 0
+        self.index_fallbacks = 0
+        self.prefill_retries = 0
+        self.flows: dict[str, Any] = {}
+        """request id -> its live ``RequestFlow``."""
+        self.recent = RecentRoutes()
+        self.index_ok_at = time.monotonic()
+        self.metrics = CollectorRegistry()
+        self.request_metrics = RequestMetrics(self.metrics, "router")
+        self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))
+
+    # -- admission --------------------------------------------------------------------
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("text", "must not be empty")
+            return self.tokenizer.encode(prompt)
+        if not prompt:
+            raise InvalidRequestError("token_ids", "must contain at least one token id")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt if t >= vocab), None)
+        if bad is not None:
+            raise InvalidRequestError("token_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        return list(prompt)
+
+    def check_length(self, ids: list[int], params: SamplingParams) -> None:
+        limit = self.model_config.max_position_embeddings
+        if len(ids) + params.max_tokens > limit:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
+                f"context of {limit}; lower max_tokens to at most {max(0, limit - len(ids))}",
+            )
+
+    # -- routing ----------------------------------------------------------------------
+    async def route_prefill(self, ids: list[int], params: SamplingParams, exclude: set[str],
+                            ctx: Any = None) -> Decision | None:
+        candidates = [w for w in self.workers.healthy("prefill") if w.worker_id not in exclude]
+        if not candidates:
+            return None
+        hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
+        key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
+        lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
+        matched, tier = await self._matched(hashes, candidates)
+        lookup.set_attribute("pdmesh.index_available", matched is not None)
+        if matched:  # the candidates' scores' main input: cached leading blocks per worker
+            lookup.set_attribute("pdmesh.matched_blocks", ",".join(f"{w}={n}" for w, n in sorted(matched.items())))
+        lookup.set_attribute("pdmesh.kvstore_blocks", tier)
+        lookup.end()
+        decision = self.prefill_policy.choose(
+            candidates, RouteContext(hashes, key, matched, self.cfg.block_size, tier)
+        )
+        self.recent.remember(hashes, decision.worker.worker_id)
+        return decision
+
+    async def _matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]
+                       ) -> tuple[dict[str, int] | None, int]:
+        """Leading cached blocks per live prefill worker, and in the kvstore tier."""
+        if self.index is None:
+            return None, 0
+        try:
+            found = await self.index.longest_prefix(hashes)
+            self.index_ok_at = time.monotonic()
+        except (RedisError, OSError) as exc:
+            self.index_fallbacks += 1
+            if self.index_fallbacks == 1 or self.index_fallbacks % 100 == 0:
+                log.warning("prefix index unreachable (%s): routing by consistent hash", exc)
+            return None, 0
+        epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
+        matched = {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
+        for wid, n in self.recent.depths(hashes).items():
+            matched[wid] = max(matched.get(wid, 0), n)
+        tier = max((n for (wid, _), n in found.items() if wid.startswith("kvstore")), default=0)
+        return matched, tier
+
+    def route_decode(self) -> WorkerHandle:
+        candidates = self.workers.healthy("decode")
+        if not candidates:
+            raise UnavailableError("no healthy decode worker; retry later")
+        return self.decode_policy.choose(candidates, RouteContext([], b"", None, self.cfg.block_size)).worker
+
+    def local_reason(self, choice: Decision | None, ids: list[int]) -> str:
+        """Why this request prefills on its decode worker ("" = it does not)."""
+        if choice is None:
+            if self.cfg.disaggregation == "strict":
+                raise UnavailableError("no healthy prefill worker (disaggregation=strict); retry later")
+            return "no_prefill"
+        if self.cfg.local_prefill_tokens and len(ids) - choice.cached_tokens < self.cfg.local_prefill_tokens:
+            return "short_prompt"
+        return ""

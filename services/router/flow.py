@@ -1,0 +1,228 @@
+"""One request's way through the mesh, as one object that owns its downstream calls.
+
+Lifecycle (the methods below, in this order):
+  1. route    — decode worker by load; prefill worker by policy over the Redis index
+                (consistent hashing when Redis is down); a short uncached prompt, or no
+                healthy prefill worker under ``fallback_local``, prefills on the decode
+                worker instead (``GenerateLocal``);
+  2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
+  3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token;
+                if it is unreachable the reservation is released, the worker marked down
+                and the next attempt routes to another (at most ``PREFILL_ATTEMPTS``);
+  4. decode   — the decode worker's stream is relayed to the caller;
+  5. release  — in-flight counts drop. A caller that leaves, or ``abort()``, cancels the
+                flow's current call; every worker frees the request's blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from pdmesh.errors import UnavailableError
+from pdmesh.rpc import messages
+from pdmesh.rpc.clients import decode_stub, prefill_stub
+from pdmesh.rpc.convert import FINISH_NAMES
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.telemetry import tracing
+from pdmesh.telemetry.logging_setup import bind_request
+from services.router.core import RouterCore
+from services.router.policies import Decision
+from services.router.registry import WorkerHandle
+
+log = logging.getLogger(__name__)
+PREFILL_ATTEMPTS = 2
+"""A prefill worker that is unreachable is retried once on another."""
+
+
+@dataclass(eq=False)
+class RequestFlow:
+    core: RouterCore
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    """Parsed and validated once, here; workers receive them re-encoded."""
+    deadline: float
+    """Event-loop time by which the whole request must be done."""
+    trace: Any = None
+    """The caller's trace context."""
+    decode: WorkerHandle | None = None
+    prefill: Decision | None = None
+    tried: set[str] = field(default_factory=set)
+    """Prefill workers that failed this request."""
+    call: Any = None
+    """The downstream gRPC call in progress (what ``abort`` cancels)."""
+    aborted: bool = False
+    metadata: Any = None
+
+    def _decode(self) -> WorkerHandle:
+        if self.decode is None:
+            raise RuntimeError(f"{self.request_id}: a stage ran before run() chose the decode worker")
+        return self.decode
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - asyncio.get_running_loop().time())
+
+    # -- the stream the caller sees ---------------------------------------------------
+    async def stream(self) -> AsyncIterator[Any]:
+        """Telemetry and abort handling around ``run``; yields ``GenerateResponse``s."""
+        core, rid = self.core, self.request_id
+        timer = core.request_metrics.stream()
+        span = tracing.start_span("router.generate", self.trace, request_id=rid,
+                                  model=Path(core.cfg.model).name, prompt_tokens=len(self.prompt))
+        self.trace = tracing.child_context(span)
+        self.metadata = tracing.outgoing(self.trace)
+        bind_request(rid, span)
+        finish, produced = "cancelled", 0
+        try:
+            async for resp in self.run():
+                produced += len(resp.token_ids)
+                timer.tokens(len(resp.token_ids))
+                if resp.finish_reason:
+                    finish = FINISH_NAMES.get(resp.finish_reason) or "unknown"
+                    timer.done(finish)
+                    span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
+                    span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
+                yield resp
+        except asyncio.CancelledError:
+            if not self.aborted:
+                raise  # the caller went away: nothing to tell it
+            # abort(): the cancelled call's cleanup released the KV on every worker; end
+            # the stream the way the contract says.
+            finish = "abort"
+            timer.done(finish)
+            yield messages.abort_response(rid, len(self.prompt), produced)
+        except Exception as exc:
+            finish = "error"
+            span.record_exception(exc)
+            raise
+        finally:
+            span.set_attribute("pdmesh.finish_reason", finish)
+            span.end()
+            core.flows.pop(rid, None)
+
+    def abort(self) -> bool:
+        """Cancel the current downstream call; False when already aborting."""
+        if self.aborted:
+            return False
+        self.aborted = True
+        if self.call is not None:
+            self.call.cancel()
+        return True
+
+    # -- the lifecycle ----------------------------------------------------------------
+    async def run(self) -> AsyncIterator[Any]:
+        self.decode = self.core.route_decode()
+        self.decode.acquire()
+        try:
+            for _ in range(PREFILL_ATTEMPTS):
+                local = await self.route()
+                if local:
+                    async for resp in self._relay(decode_stub(self.decode.address).GenerateLocal(
+                        self._reserve_msg(), metadata=self.metadata, timeout=self.left())):
+                        yield resp
+                    return
+                first = await self.reserve_and_prefill()
+                if first is not None:
+                    async for resp in self.decode_stream(*first):
+                        yield resp
+                    return
+            raise UnavailableError(f"prefill failed on {sorted(self.tried)}; retry later")
+        finally:
+            self.decode.release()
+
+    async def route(self) -> str:
+        """Choose the prefill worker; returns the reason to prefill locally ("" = don't)."""
+        core, decode = self.core, self._decode()
+        span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
+                                  candidates=len(core.workers.healthy("prefill")))
+        choice = await core.route_prefill(self.prompt, self.params, self.tried, tracing.child_context(span))
+        reason = core.local_reason(choice, self.prompt)
+        span.set_attributes({
+            "pdmesh.policy": core.prefill_policy.name,
+            "pdmesh.prefill": choice.worker.worker_id if choice else "",
+            "pdmesh.reason": choice.reason if choice else "",
+            "pdmesh.cached_prefix_tokens": choice.cached_tokens if choice else 0,
+            "pdmesh.fallback": reason,
+        })
+        span.end()
+        self.prefill = choice
+        if reason:
+            core.local_prefills += 1
+            core.decisions[f"local/{reason}"] += 1
+        elif choice is not None:
+            core.decisions[f"{core.prefill_policy.name}/{choice.reason}"] += 1
+        return reason
+
+    async def reserve_and_prefill(self) -> tuple[Any, Any] | None:
+        """Reserve on the decode worker, prefill on the chosen one: ``(response, handle)``,
+        or None when the prefill worker was unreachable (the reservation is released)."""
+        choice = self.prefill
+        if choice is None:
+            raise RuntimeError(f"{self.request_id}: prefill before a prefill worker was chosen")
+        d_stub = decode_stub(self._decode().address)
+        handle = await self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
+                                                  timeout=self.left()))
+        prefill = choice.worker
+        prefill.acquire()
+        try:
+            response = await self._start(prefill_stub(prefill.address).Prefill(
+                messages.prefill_request(self.request_id, self.prompt, self.params, handle),
+                metadata=self.metadata, timeout=self.left(),
+            ))
+        except grpc.aio.AioRpcError as exc:
+            await self.release(d_stub)
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            self.core.workers.mark_down(prefill)
+            self.tried.add(prefill.worker_id)
+            self.core.prefill_retries += 1
+            log.warning("prefill worker %s unavailable for %s: %s", prefill.worker_id,
+                        self.request_id, exc.details())
+            return None
+        except BaseException:
+            await self.release(d_stub)
+            raise
+        finally:
+            prefill.release()
+        return response, handle
+
+    async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
+        call = decode_stub(self._decode().address).Decode(
+            messages.decode_request(self.request_id, prefill_response, handle),
+            metadata=self.metadata, timeout=self.left(),
+        )
+        async for resp in self._relay(call):
+            yield resp
+
+    async def release(self, stub: Any) -> None:
+        """Give the decode reservation back (shielded: it must happen even when cancelled)."""
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            await asyncio.shield(stub.Release(messages.release_request(self.request_id), timeout=5.0))
+
+    # -- calls ------------------------------------------------------------------------
+    def _reserve_msg(self) -> Any:
+        return messages.reserve_request(self.request_id, self.prompt, self.params, self.core.cfg.lease_ms)
+
+    def _start(self, call: Any) -> Any:
+        """Make ``call`` the one ``abort`` cancels; refuse to start it once aborted."""
+        if self.aborted:
+            call.cancel()
+            raise asyncio.CancelledError
+        self.call = call
+        return call
+
+    async def _relay(self, call: Any) -> AsyncIterator[Any]:
+        self._start(call)
+        try:
+            async for resp in call:
+                yield resp
+        finally:
+            call.cancel()  # no-op when finished; aborts the decode side when we leave early

@@ -1,0 +1,33 @@
+"""The router's scrape-time counters and gauges (routing decisions, fallbacks, health)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.router.core import RouterCore
+
+Sample = tuple[str, str, str, float, dict[str, str]]
+
+
+def router_snapshot(core: RouterCore) -> list[Sample]:
+    out: list[Sample] = []
+    for key, n in list(core.decisions.items()):
+        policy, _, reason = key.partition("/")
+        out.append(("counter", "pdmesh_routing_decisions", "Routing decisions by policy and reason",
+                    n, {"policy": policy, "reason": reason}))
+    out += [
+        ("counter", "pdmesh_local_prefills", "Prompts prefilled on the decode worker", core.local_prefills, {}),
+        ("counter", "pdmesh_index_fallbacks", "Index lookups that failed (consistent hashing used)",
+         core.index_fallbacks, {}),
+        ("counter", "pdmesh_prefill_retries", "Requests retried on another prefill worker",
+         core.prefill_retries, {}),
+        ("gauge", "pdmesh_index_staleness_seconds", "Seconds since the index last answered",
+         time.monotonic() - core.index_ok_at if core.index is not None else 0.0, {}),
+        ("gauge", "pdmesh_requests_in_flight", "Requests the router is serving", len(core.flows), {}),
+    ]
+    for w in core.workers.workers:
+        out.append(("gauge", "pdmesh_worker_healthy", "1 when the worker answers and is compatible",
+                    1.0 if w.healthy else 0.0, {"worker": w.worker_id, "role": w.role}))
+    return out

@@ -1,0 +1,1 @@
+"""The runtime prefill and decode workers share: config, engine + NIXL core, server."""

@@ -1,0 +1,28 @@
+"""Configuration of a prefill or decode worker (YAML, ``PDMESH_WORKER_*`` env, flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pdmesh.config import EngineArgs
+from pdmesh.service_config import ServerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig(EngineArgs, ServerConfig):
+    role: Literal["prefill", "decode"] = "decode"
+    """Which half of the disaggregated pipeline this worker serves."""
+    worker_id: str = ""
+    """Unique name, also the NIXL agent name; empty = "{role}-{port}"."""
+    redis_url: str = ""
+    """Publish prefix-cache events here (prefill workers); empty = no index."""
+    kvstore: str = ""
+    """Address of the kvstore tier (prefill workers offload to and fetch from it)."""
+    lease_ms: int = 30000
+    """Default lifetime of a decode reservation whose KV has not arrived."""
+    transfer_timeout_s: float = 30.0
+    """Longest a KV write may take before the prefill fails with ABORTED."""
+
+    def resolved_id(self, port: int) -> str:
+        return self.worker_id or f"{self.role}-{port}"

@@ -1,0 +1,121 @@
+"""The engine, its async loop and its NIXL transport inside one worker process.
+
+Shared by the prefill and decode servicers: builds the engine from ``WorkerConfig``,
+registers the KV pool with NIXL, describes itself (``info``), connects to peers on demand
+and runs KV transfers against a deadline, counting what moved.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from pdmesh.engine.async_engine import AsyncLLMEngine
+from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.errors import IncompatibleWorkerError
+from pdmesh.kv.layout import KVLayout
+from pdmesh.kv.transfer.base import KVRegion, KVTransport, PeerLayout
+from pdmesh.kv.transfer.nixl import NixlTransport
+from pdmesh.kv.transfer.runner import TransferRunner
+from pdmesh.mesh_types import WorkerInfo
+from pdmesh.rpc.clients import fetch_info
+from pdmesh.rpc.process import advertised
+from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
+from services.worker.config import WorkerConfig
+from services.worker.metrics import worker_snapshot
+
+
+@dataclass
+class Counters:
+    """Totals since start, reported by ``Info`` and ``/metrics``."""
+
+    kv_bytes_sent: int = 0
+    kv_transfer_seconds: float = 0.0
+    kvstore_fetched_tokens: int = 0
+    kvstore_offloaded_blocks: int = 0
+    overlapped_blocks: int = 0
+    expired_leases: int = 0
+    computed_prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+def _transport(name: str, region: KVRegion) -> KVTransport:
+    transport: KVTransport = NixlTransport(name, region)
+    delay = os.environ.get("PDMESH_FAULT_TRANSFER_DELAY_S")
+    if delay:  # tests only: see pdmesh/kv/transfer/faults.py
+        import logging
+
+        from pdmesh.kv.transfer.faults import DelayedWrites
+
+        logging.getLogger(__name__).warning("FAULT INJECTION: every KV write starts %ss late", delay)
+        transport = DelayedWrites(transport, float(delay))
+    return transport
+
+
+class WorkerCore:
+    def __init__(self, cfg: WorkerConfig, port: int) -> None:
+        self.cfg = cfg
+        self.port = port
+        self.worker_id = cfg.resolved_id(port)
+        self.address = advertised(cfg.advertise_address, cfg.host, port)
+        self.epoch = uuid.uuid4().hex[:12]
+        self.engine = LLMEngine(cfg.engine_config())
+        self.aeng = AsyncLLMEngine(self.engine)
+        self.transport = _transport(self.worker_id, KVRegion.of_tensor(self.engine.runner.kv_cache))
+        self.transfers = TransferRunner(self.transport)
+        self.dtype_name = str(self.engine.dtype).split(".")[-1]
+        layout = KVLayout.for_model(self.engine.model_config, cfg.block_size, self.dtype_name)
+        self.compat = layout.compat_hash(cfg.model, cfg.hash_algorithm, cfg.hash_seed)
+        self.counters = Counters()
+        self.metrics = CollectorRegistry()
+        self.request_metrics = RequestMetrics(self.metrics, cfg.role)
+        self.metrics.register(SnapshotCollector(lambda: self.aeng.call(lambda: worker_snapshot(self))))
+
+    def info(self) -> WorkerInfo:
+        """Call under the engine lock (``aeng.call``)."""
+        eng, c, t = self.engine, self.counters, self.transport
+        stats = eng.pool.stats()
+        return WorkerInfo(
+            worker_id=self.worker_id, role=self.cfg.role, model=Path(self.cfg.model).name,
+            dtype=self.dtype_name, block_size=self.cfg.block_size,
+            hash_algorithm=self.cfg.hash_algorithm, hash_seed=self.cfg.hash_seed,
+            num_blocks=stats.num_blocks, free_blocks=eng.pool.num_free_blocks,
+            num_running=len(eng.scheduler.running), num_waiting=eng.scheduler.num_waiting,
+            nixl_metadata=t.metadata(), kv_base_addr=t.region.base_addr,
+            kv_block_bytes=t.block_bytes, epoch=self.epoch, compat_hash=self.compat,
+            kv_mem_type=t.region.mem_type, kv_device_id=t.region.device_id,
+            used_blocks=stats.used, cached_blocks=stats.cached, num_handoffs=eng.handoff.count,
+            computed_prompt_tokens=c.computed_prompt_tokens, cached_prompt_tokens=c.cached_prompt_tokens,
+            kv_bytes_sent=c.kv_bytes_sent, expired_leases=c.expired_leases,
+            kv_transfer_seconds=c.kv_transfer_seconds, kvstore_fetched_tokens=c.kvstore_fetched_tokens,
+            kvstore_offloaded_blocks=c.kvstore_offloaded_blocks, overlapped_blocks=c.overlapped_blocks,
+        )
+
+    # -- KV transfer ------------------------------------------------------------------
+    async def ensure_peer(self, worker_id: str, address: str, timeout: float, kvstore: bool = False) -> None:
+        """Connect NIXL to a decode worker or the kvstore the first time (or after a restart)."""
+        if self.transport.has_peer(worker_id):
+            return
+        info = await fetch_info(address, timeout, kvstore)
+        if info.compat_hash != self.compat:
+            raise IncompatibleWorkerError(
+                f"{info.worker_id} has compat {info.compat_hash}, this prefill worker {self.compat}"
+            )
+        self.transport.add_peer(PeerLayout(
+            info.worker_id, info.nixl_metadata, info.kv_base_addr, info.kv_block_bytes,
+            info.num_blocks, info.kv_mem_type or "DRAM", info.kv_device_id,
+        ))
+
+    async def write_kv(self, peer: str, src: list[int], dst: list[int], notif: bytes,
+                       timeout: float) -> int:
+        """Write local blocks into a decode worker's; returns bytes moved (counted)."""
+        started = time.perf_counter()
+        moved = await self.transfers.write(peer, src, dst, notif, timeout)
+        self.counters.kv_bytes_sent += moved
+        self.counters.kv_transfer_seconds += time.perf_counter() - started
+        return moved

@@ -1,0 +1,42 @@
+"""A worker's scrape-time gauges and counters (engine state and transfer totals)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.worker.core import WorkerCore
+
+Sample = tuple[str, str, str, float, dict[str, str]]
+
+
+def worker_snapshot(core: WorkerCore) -> list[Sample]:
+    """Call under the engine lock."""
+    eng, c = core.engine, core.counters
+    s = eng.pool.stats()
+    role = {"role": core.cfg.role}
+    prompt = c.cached_prompt_tokens + c.computed_prompt_tokens
+    blocks = "KV blocks by state"
+    tokens = "Prompt tokens by source"
+    return [
+        ("gauge", "pdmesh_kv_blocks", blocks, s.used, {**role, "state": "used"}),
+        ("gauge", "pdmesh_kv_blocks", blocks, s.free, {**role, "state": "free"}),
+        ("gauge", "pdmesh_kv_blocks", blocks, s.cached, {**role, "state": "cached"}),
+        ("gauge", "pdmesh_orphan_kv_blocks", "Blocks in use owned by no live request (a leak if > 0)",
+         eng.orphan_blocks(), role),
+        ("gauge", "pdmesh_queue_depth", "Requests waiting for admission", eng.scheduler.num_waiting, role),
+        ("gauge", "pdmesh_running_requests", "Requests running", len(eng.scheduler.running), role),
+        ("gauge", "pdmesh_kv_handoffs", "Reservations awaiting KV / KV held for a write",
+         eng.handoff.count, role),
+        ("counter", "pdmesh_prompt_tokens", tokens, c.computed_prompt_tokens, {**role, "source": "computed"}),
+        ("counter", "pdmesh_prompt_tokens", tokens, c.cached_prompt_tokens, {**role, "source": "cached"}),
+        ("counter", "pdmesh_prompt_tokens", tokens, c.kvstore_fetched_tokens, {**role, "source": "kvstore"}),
+        ("gauge", "pdmesh_prefix_cache_hit_rate", "Cached / all prompt tokens since start",
+         c.cached_prompt_tokens / prompt if prompt else 0.0, role),
+        ("counter", "pdmesh_kv_transfer_bytes", "KV bytes written to decode workers", c.kv_bytes_sent, role),
+        ("counter", "pdmesh_kv_transfer_seconds", "Time spent in KV writes", c.kv_transfer_seconds, role),
+        ("counter", "pdmesh_kv_overlapped_blocks", "Blocks sent while later chunks computed",
+         c.overlapped_blocks, role),
+        ("counter", "pdmesh_expired_leases", "Reservations freed because their KV never came",
+         c.expired_leases, role),
+    ]

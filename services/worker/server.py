@@ -1,0 +1,71 @@
+"""Run a prefill or decode worker process: one server, one engine, background duties.
+
+``create_server`` builds the bound server with the shared ``Worker`` service and the
+role's own (``services/prefill/server.py``, ``services/decode/server.py`` say which);
+``serve`` starts it, flips health to SERVING and drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health
+
+from pdmesh.rpc.process import write_port_file
+from pdmesh.rpc.server import create_server as create_grpc_server
+from pdmesh.rpc.server import serve_until_signal, set_serving
+from pdmesh.telemetry.metrics import serve_metrics
+from services.worker import servicer
+from services.worker.config import WorkerConfig
+from services.worker.core import WorkerCore
+
+log = logging.getLogger(__name__)
+Background = Coroutine[Any, Any, None]
+Attach = Callable[[grpc.aio.Server, WorkerCore], list[Background]]
+"""Adds a role's servicer to the server; returns the background loops it needs."""
+
+
+@dataclass
+class WorkerServer:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    core: WorkerCore
+    names: list[str]
+    """The gRPC services it serves (health reports each)."""
+    background: list[Background]
+    """Loops to run while serving (lease reaper, index publisher ...)."""
+
+
+def create_server(cfg: WorkerConfig, role_service: str, attach: Attach) -> WorkerServer:
+    names = [servicer.SERVICE, role_service]
+    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", names)
+    core = WorkerCore(cfg, port)
+    servicer.add_to_server(server, core)
+    return WorkerServer(server, health_servicer, core, names, attach(server, core))
+
+
+async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
+    ws = create_server(cfg, role_service, attach)
+    server, core, names = ws.server, ws.core, ws.names
+    tasks = [asyncio.create_task(b) for b in ws.background]
+    await server.start()
+    serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
+    write_port_file(cfg.port_file, core.port)
+    await set_serving(ws.health, names, True)
+    log.info("%s worker %s serving on %s", cfg.role, core.worker_id, core.address)
+    print(f"pdmesh {cfg.role} {core.worker_id} ready on {core.address}", flush=True)
+
+    async def stop_background() -> None:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await core.aeng.shutdown()
+
+    await serve_until_signal(server, ws.health, names, cfg.drain_grace_s, stop_background)

@@ -32,7 +32,7 @@ def test_lists_literals_and_unknown_options(tmp_path: Path) -> None:
 
 
 def test_generated_protos_match_the_contract(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", "-I", str(root / "protos"),
          f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}",

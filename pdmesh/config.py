@@ -14,7 +14,7 @@ from typing import Literal
 from pdmesh.kv.block_hash import HashAlgorithm
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-AttentionBackendName = Literal["auto", "torch"]
+AttentionBackendName = Literal["auto", "torch", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     attention_backend: AttentionBackendName = "auto"
-    """"auto" picks the best backend available for the device (today: torch)."""
+    """"auto": the fused C++ kernels on CPU ("cpu"), else "torch"."""
     num_threads: int | None = None
     """torch intra-op threads on CPU (None keeps torch's default)."""
 

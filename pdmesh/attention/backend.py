@@ -43,6 +43,8 @@ class AttentionMetadata:
     """(num_decodes, max_blocks) block ids, padded with 0."""
     decode_bias: torch.Tensor | None = None
     """(num_decodes, 1, 1, max_blocks * block_size) float32: 0 in context, -inf past it."""
+    decode_seq_lens: torch.Tensor | None = None
+    """(num_decodes,) int64: context length of each decode token, itself included."""
     prefills: tuple[PrefillSeq, ...] = ()
 
 

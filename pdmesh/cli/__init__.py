@@ -39,6 +39,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.engine import run_engine_bench as bench
         elif name == "mesh":
             from pdmesh.bench.mesh import run_mesh_bench as bench
+        elif name == "profile":
+            from pdmesh.bench.profile import run_profile as bench
         else:
             from pdmesh.bench.tracing import run_tracing_bench as bench
         bench(args)
@@ -91,6 +93,14 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     bmesh.add_argument("--out", default="bench-results/mesh.json", help="JSON report (default: %(default)s)")
     bmesh.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bmesh.set_defaults(func=_bench("mesh"))
+    bprof = bsub.add_parser("profile", help="where one engine step spends its time, by operator")
+    add_config_flags(bprof, EngineArgs, config_file=False)
+    bprof.add_argument("--batch", type=int, default=32, help="sequences decoding at once (default: 32)")
+    bprof.add_argument("--context", type=int, default=288, help="prompt tokens per sequence (default: 288)")
+    bprof.add_argument("--prefill", type=int, default=512, help="prompt tokens in the prefill profile (default: 512)")
+    bprof.add_argument("--steps", type=int, default=10, help="decode steps timed (default: 10)")
+    bprof.add_argument("--rows", type=int, default=15, help="operators listed (default: 15)")
+    bprof.set_defaults(func=_bench("profile"))
     btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
     btr.add_argument("--requests", type=int, default=5000, help="requests to time (default: 5000)")
     btr.add_argument("--out", default="bench-results/tracing.json", help="JSON report (default: %(default)s)")

@@ -33,11 +33,15 @@ def check(llm: LLM, prompts: list[list[int]], want: list[list[int]]) -> None:
     assert s.used == 0 and s.free + s.cached == s.num_blocks
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_matches_transformers_concurrently(arch, model_dirs, expected) -> None:  # type: ignore[no-untyped-def]
+def test_greedy_matches_transformers_concurrently(arch, backend, model_dirs, expected) -> None:  # type: ignore[no-untyped-def]
+    # Both CPU attention backends: the fused kernels ("auto" picks them) and the reference.
     prompts = mixed_prompts(10, seed=1)
-    check(LLM(str(model_dirs[arch]), dtype="float32", num_blocks=512), prompts,
-          expected(arch, tuple(map(tuple, prompts))))
+    llm = LLM(str(model_dirs[arch]), dtype="float32", num_blocks=512, attention_backend=backend)
+    assert type(llm.engine.runner.backend).__name__ == {"cpu": "CPUAttentionBackend",
+                                                        "torch": "TorchAttentionBackend"}[backend]
+    check(llm, prompts, expected(arch, tuple(map(tuple, prompts))))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

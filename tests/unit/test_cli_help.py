@@ -39,5 +39,5 @@ def test_every_command_and_flag_has_help_with_its_default() -> None:
 
 
 def test_an_unknown_attention_backend_is_an_error_that_lists_the_choices() -> None:
-    with pytest.raises(InvalidRequestError, match=r"'flashinfer' is not available; choose one of \['torch'\]"):
+    with pytest.raises(InvalidRequestError, match=r"'flashinfer' is not available; choose one of \['cpu', 'torch'\]"):
         build_backend("flashinfer", "cpu")

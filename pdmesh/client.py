@@ -51,8 +51,15 @@ class Client:
         yield from self._stub.Generate(self.request(prompt, **kwargs), timeout=timeout or self.timeout)
 
     def complete(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any) -> Completion:
-        out = Completion()
+        """The whole completion (``n`` = 1; see ``complete_n``)."""
+        return self.complete_n(prompt, timeout=timeout, **kwargs)[0]
+
+    def complete_n(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
+                   ) -> list[Completion]:
+        """Every completion of the request (``n=N`` in ``kwargs``), in index order."""
+        outs = [Completion() for _ in range(int(kwargs.get("n", 1)))]
         for resp in self.generate(prompt, timeout=timeout, **kwargs):
+            out = outs[resp.index]
             out.request_id = resp.request_id or out.request_id
             out.text += resp.text
             out.token_ids.extend(resp.token_ids)
@@ -62,13 +69,17 @@ class Client:
                 out.prompt_tokens = resp.usage.prompt_tokens
                 out.completion_tokens = resp.usage.completion_tokens
                 out.cached_tokens = resp.usage.cached_tokens
-        return out
+        return outs
 
     def abort(self, request_id: str) -> bool:
         return self._stub.Abort(generate_pb2.AbortRequest(request_id=request_id), timeout=10).aborted
 
     def tokenize(self, text: str) -> list[int]:
         return list(self._stub.Tokenize(generate_pb2.TokenizeRequest(text=text), timeout=10).token_ids)
+
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        req = generate_pb2.DetokenizeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
+        return self._stub.Detokenize(req, timeout=10).text
 
     def close(self) -> None:
         self._channel.close()

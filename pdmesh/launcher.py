@@ -32,6 +32,8 @@ class MeshSpec:
     """0 or 1: start the shared CPU-memory KV tier and point the prefill workers at it."""
     port: int = 0
     """Router port (0 = any free port)."""
+    http_port: int | None = None
+    """The router's OpenAI-compatible HTTP port (0 = any free port); None = no HTTP."""
     redis_url: str = ""
     """Empty: start a private redis-server."""
     worker_args: list[str] = field(default_factory=list)
@@ -95,6 +97,14 @@ class Mesh:
             raise RuntimeError("the mesh is not running")
         return self.router.address
 
+    @property
+    def http_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of the router's HTTP API (started with ``http_port``)."""
+        port_file = self.log_dir / "router.port.http"
+        if self.router is None or not port_file.is_file():
+            raise RuntimeError("the router serves no HTTP API (MeshSpec.http_port is None)")
+        return f"http://127.0.0.1:{port_file.read_text().strip()}"
+
     # -- start ------------------------------------------------------------------------
     def start(self) -> Mesh:
         try:
@@ -115,6 +125,7 @@ class Mesh:
                 "--prefill", ",".join(p.address for p in self.prefill),
                 "--decode", ",".join(p.address for p in self.decode),
                 *self._port_args("router", self.spec.port), *self.spec.router_args,
+                *(["--http-port", str(self.spec.http_port)] if self.spec.http_port is not None else []),
             ])
             self._await_ready(self.router)
         except BaseException:

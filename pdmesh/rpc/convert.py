@@ -13,6 +13,7 @@ from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 _OPTIONAL_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed",
     "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+    "n", "priority", "include_stop_str_in_output",
 )
 _FINISH = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
@@ -40,13 +41,15 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **overrides: Any) -> Sam
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    """The wire form of already-validated params (the router parses once, then forwards this)."""
+    """The wire form of already-validated params (the router parses once, then forwards
+    this). ``n`` stays with the router, which runs one flow per completion."""
     msg = common_pb2.SamplingParams(
         temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
         min_p=params.min_p, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
         ignore_eos=params.ignore_eos, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+        priority=params.priority, include_stop_str_in_output=params.include_stop_str_in_output,
     )
     if params.seed is not None:
         msg.seed = params.seed

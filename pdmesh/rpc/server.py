@@ -13,7 +13,7 @@ import functools
 import inspect
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -119,8 +119,10 @@ async def serve_until_signal(
     names: list[str],
     grace: float,
     on_stop: Callable[[], Any] | None = None,
+    drain_also: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT, then drain: NOT_SERVING, finish in-flight calls, stop."""
+    """Run until SIGTERM/SIGINT, then drain: NOT_SERVING, finish in-flight calls (and
+    ``drain_also``'s, e.g. an HTTP front, at the same time), stop, then ``on_stop``."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -128,7 +130,7 @@ async def serve_until_signal(
     await stop.wait()
     log.info("draining (grace %.1fs)", grace)
     await set_serving(health_servicer, names, False)
-    await server.stop(grace)
+    await asyncio.gather(server.stop(grace), *([drain_also()] if drain_also is not None else []))
     if on_stop is not None:
         result = on_stop()
         if inspect.isawaitable(result):

@@ -50,6 +50,11 @@ class GenerationStub:
                 request_serializer=pdmesh_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_generate__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/pdmesh.v1.Generation/Detokenize',
+                request_serializer=pdmesh_dot_v1_dot_generate__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_generate__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/pdmesh.v1.Generation/ListModels',
                 request_serializer=pdmesh_dot_v1_dot_generate__pb2.ListModelsRequest.SerializeToString,
@@ -86,6 +91,13 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Detokenize(self, request, context):
+        """Turn token ids back into text with the model's tokenizer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """The model(s) this mesh serves.
         """
@@ -110,6 +122,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=pdmesh_dot_v1_dot_generate__pb2.TokenizeRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_generate__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=pdmesh_dot_v1_dot_generate__pb2.DetokenizeRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_generate__pb2.DetokenizeResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -199,6 +216,33 @@ class Generation:
             '/pdmesh.v1.Generation/Tokenize',
             pdmesh_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
             pdmesh_dot_v1_dot_generate__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.Generation/Detokenize',
+            pdmesh_dot_v1_dot_generate__pb2.DetokenizeRequest.SerializeToString,
+            pdmesh_dot_v1_dot_generate__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

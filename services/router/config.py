@@ -44,3 +44,8 @@ class RouterConfig(MeshContract, ServerConfig):
     """Deadline for requests that carry none."""
     lease_ms: int = 30000
     """How long a decode worker holds a reservation whose KV has not arrived."""
+    http_port: int = -1
+    """OpenAI-compatible HTTP API on this port: -1 off, 0 any free port (written to
+    {port_file}.http)."""
+    api_key: str = ""
+    """Bearer token every /v1/* HTTP route requires (also PDMESH_API_KEY); empty = none."""

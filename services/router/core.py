@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -21,7 +23,9 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
+from services.router.completions import Completions
 from services.router.config import RouterConfig
+from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
 from services.router.policies import Decision, RouteContext, build_policy
 from services.router.recent import RecentRoutes
@@ -45,20 +49,26 @@ class RouterCore:
         self.local_prefills = 0
         self.index_fallbacks = 0
         self.prefill_retries = 0
-        self.flows: dict[str, Any] = {}
-        """request id -> its live ``RequestFlow``."""
+        self.flows: dict[str, Completions] = {}
+        """request id -> its live completions (what ``Abort`` reaches)."""
         self.recent = RecentRoutes()
         self.index_ok_at = time.monotonic()
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, "router")
         self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))
 
+    @property
+    def served_names(self) -> list[str]:
+        """Names a client may use for the model: the folder's name first, then its path."""
+        names = [Path(self.cfg.model).name, self.cfg.model, str(Path(self.cfg.model).resolve())]
+        return list(dict.fromkeys(names))
+
     # -- admission --------------------------------------------------------------------
-    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("text", "must not be empty")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if not prompt:
             raise InvalidRequestError("token_ids", "must contain at least one token id")
         vocab = self.model_config.vocab_size
@@ -75,6 +85,26 @@ class RouterCore:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
                 f"context of {limit}; lower max_tokens to at most {max(0, limit - len(ids))}",
             )
+
+    async def generate(self, request_id: str, ids: list[int], params: SamplingParams,
+                       deadline: float, trace: Any = None) -> AsyncIterator[tuple[int, Any]]:
+        """Run a validated request through the mesh: ``(completion index, GenerateResponse)``
+        for each of its ``n`` completions, registered for ``Abort`` while it runs."""
+        if request_id in self.flows:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+        n, one = params.n, params.replace(n=1)
+        flows = [
+            RequestFlow(self, request_id if n == 1 else f"{request_id}#{i}", ids,
+                        one if params.seed is None else one.replace(seed=(params.seed + i) % 2**63),
+                        deadline, trace)
+            for i in range(n)
+        ]
+        group = self.flows[request_id] = Completions(request_id, flows)
+        try:
+            async for item in group.stream():
+                yield item
+        finally:
+            self.flows.pop(request_id, None)
 
     # -- routing ----------------------------------------------------------------------
     async def route_prefill(self, ids: list[int], params: SamplingParams, exclude: set[str],
@@ -116,6 +146,14 @@ class RouterCore:
             matched[wid] = max(matched.get(wid, 0), n)
         tier = max((n for (wid, _), n in found.items() if wid.startswith("kvstore")), default=0)
         return matched, tier
+
+    def unservable(self) -> str:
+        """Why the mesh cannot serve a request now ("" when it can)."""
+        if not self.workers.healthy("decode"):
+            return "no healthy decode worker"
+        if not self.workers.healthy("prefill") and self.cfg.disaggregation == "strict":
+            return "no healthy prefill worker (disaggregation=strict)"
+        return ""
 
     def route_decode(self) -> WorkerHandle:
         candidates = self.workers.healthy("decode")

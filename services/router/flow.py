@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -33,9 +33,11 @@ from pdmesh.rpc.convert import FINISH_NAMES
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
-from services.router.core import RouterCore
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
+
+if TYPE_CHECKING:
+    from services.router.core import RouterCore
 
 log = logging.getLogger(__name__)
 PREFILL_ATTEMPTS = 2
@@ -106,7 +108,6 @@ class RequestFlow:
         finally:
             span.set_attribute("pdmesh.finish_reason", finish)
             span.end()
-            core.flows.pop(rid, None)
 
     def abort(self) -> bool:
         """Cancel the current downstream call; False when already aborting."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import grpc
 from grpc_health.v1 import health
@@ -35,6 +36,14 @@ async def serve(cfg: RouterConfig) -> None:
     await core.workers.refresh()
     refresher = asyncio.create_task(core.workers.run())
     await server.start()
+    http = None
+    if cfg.http_port >= 0:
+        from services.router.http.server import HTTPFront, write_http_port_file
+
+        http = HTTPFront(core, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""))
+        http_port = await http.start()
+        write_http_port_file(cfg.port_file, http_port)
+        print(f"pdmesh router HTTP API on http://{cfg.host}:{http_port}", flush=True)
     serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
     write_port_file(cfg.port_file, port)
     await set_serving(health_servicer, servicer.SERVICES, True)
@@ -45,4 +54,5 @@ async def serve(cfg: RouterConfig) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await refresher
 
-    await serve_until_signal(server, health_servicer, servicer.SERVICES, cfg.drain_grace_s, stop)
+    await serve_until_signal(server, health_servicer, servicer.SERVICES, cfg.drain_grace_s, stop,
+                             http.stop if http is not None else None)

@@ -1,8 +1,8 @@
 """The router's public ``Generation`` service and its ``MeshAdmin`` view: thin adapters.
 
-``Generate`` converts the request once (prompt, sampling params, deadline), registers a
-``RequestFlow`` (``flow.py`` holds the lifecycle) and streams what it yields; ``Abort``
-asks the flow to cancel its current downstream call.
+``Generate`` converts the request once (prompt, sampling params, deadline) and streams what
+``RouterCore.generate`` yields (one ``RequestFlow`` per completion; ``flow.py`` holds the
+lifecycle); ``Abort`` asks the request's flows to cancel their current downstream calls.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pdmesh.rpc.process import remaining
 from pdmesh.telemetry import tracing
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
 from services.router.core import RouterCore
-from services.router.flow import RequestFlow
 
 SERVICES = ["pdmesh.v1.Generation", "pdmesh.v1.MeshAdmin"]
 
@@ -41,15 +40,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Generate(self, request, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         core = self.core
         rid = request.request_id or uuid.uuid4().hex
-        if rid in core.flows:
-            raise InvalidRequestError("request_id", f"{rid!r} is already in flight")
         ids = core.prompt_ids(_prompt(request))
         params = sampling_from_proto(request.sampling, cache_salt=request.cache_salt or None)
         core.check_length(ids, params)
         deadline = asyncio.get_running_loop().time() + remaining(context, core.cfg.request_timeout_s)
-        flow = RequestFlow(core, rid, ids, params, deadline, tracing.incoming(context))
-        core.flows[rid] = flow
-        async for resp in flow.stream():
+        async for index, resp in core.generate(rid, ids, params, deadline, tracing.incoming(context)):
+            resp.index = index
+            resp.request_id = rid
             yield resp
 
     async def Abort(self, request, context) -> generate_pb2.AbortResponse:  # noqa: N802
@@ -60,6 +57,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Tokenize(self, request, context) -> generate_pb2.TokenizeResponse:  # noqa: N802
         return generate_pb2.TokenizeResponse(token_ids=self.core.tokenizer.encode(request.text))
+
+    async def Detokenize(self, request, context) -> generate_pb2.DetokenizeResponse:  # noqa: N802
+        ids = self.core.prompt_ids(list(request.token_ids))
+        return generate_pb2.DetokenizeResponse(
+            text=self.core.tokenizer.decode(ids, skip_special_tokens=request.skip_special_tokens))
 
     async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:  # noqa: N802
         dtype = next((w.info.dtype for w in self.core.workers.workers if w.info is not None), "")

@@ -196,3 +196,17 @@ def test_abort_ends_the_stream_with_abort_and_frees_blocks(mesh: Mesh, client: C
     assert 3 <= last.usage.completion_tokens < 400
     assert not client.abort("to-abort")  # no longer in flight
     wait_idle(mesh)
+
+
+def test_grpc_n_priority_stop_string_and_detokenize(client: Client) -> None:
+    outs = client.complete_n("import os\n", n=2, max_tokens=8, temperature=0.8, seed=3, priority=1)
+    assert len(outs) == 2 and all(len(o.token_ids) == 8 or o.finish_reason == "stop" for o in outs)
+    again = client.complete_n("import os\n", n=2, max_tokens=8, temperature=0.8, seed=3)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in again]  # completion i: seed + i
+    full = client.complete("import os\n", max_tokens=10, temperature=0)
+    word = full.text.strip().split()[0]
+    kept = client.complete("import os\n", max_tokens=10, temperature=0, stop=[word],
+                           include_stop_str_in_output=True)
+    assert kept.finish_reason == "stop" and kept.text.endswith(word)
+    ids = client.tokenize("def main():")
+    assert client.detokenize(ids, skip_special_tokens=True) == "def main():"

@@ -1,0 +1,1 @@
+"""The router's OpenAI-compatible HTTP front: same process, same event loop, same routing."""

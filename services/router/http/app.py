@@ -1,0 +1,144 @@
+"""The OpenAI-compatible HTTP API (FastAPI), served by the router process on its own loop.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health`` (200 only when the mesh can serve), ``POST /tokenize``, ``POST /detokenize``,
+``GET /metrics`` (the router's Prometheus registry). With an API key, every ``/v1/*`` route
+wants ``Authorization: Bearer <key>``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import grpc
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pdmesh.errors import PdmeshError
+from services.router.core import RouterCore
+from services.router.http import convert
+from services.router.http.errors import HTTPError, error_response, status_of
+from services.router.http.generation import Generation, Kind
+from services.router.http.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+
+
+def _validation_error(exc: RequestValidationError) -> HTTPError:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return HTTPError(400, f"the body is not valid JSON: {first.get('msg', '')}")
+    param = ".".join(loc) or None
+    return HTTPError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param)
+
+
+def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
+    app = FastAPI(title="pdmesh", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(_validation_error(exc))
+
+    async def failed(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(status_of(exc))
+
+    # Every error a request can end with, mapped once (errors.py); anything else is a 500.
+    for kind in (HTTPError, PdmeshError, grpc.aio.AioRpcError, TimeoutError, Exception):
+        app.add_exception_handler(kind, failed)  # type: ignore[arg-type]
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Any) -> Response:
+        if api_key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return error_response(HTTPError(401, "missing or wrong API key: send "
+                                                     "'Authorization: Bearer <key>'", code="invalid_api_key"))
+        return await call_next(request)
+
+    async def run(gen: Generation, stream: bool) -> Response:
+        items = gen.stream()
+        try:  # the first token (or the first error) before any status goes out
+            first = await anext(items, None)
+        except BaseException:
+            await items.aclose()
+            raise
+        if stream:
+            return StreamingResponse(gen.sse(first, items), media_type="text/event-stream")
+        return JSONResponse(await gen.collect(first, items))
+
+    def generation(kind: Kind, req: CompletionRequest | ChatCompletionRequest,
+                   prompts: list[tuple[str | None, list[int]]], max_tokens: int | None,
+                   logprobs: int | None) -> Generation:
+        limit = core.model_config.max_position_embeddings
+        longest = max(len(ids) for _, ids in prompts)
+        params = convert.sampling(req, max_tokens or max(1, limit - longest), logprobs)
+        for _, ids in prompts:
+            core.check_length(ids, params)
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        return Generation(core, kind, req.request_id or f"{prefix}-{uuid.uuid4().hex}", req.model, prompts,
+                          params, echo=getattr(req, "echo", False),
+                          include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                          return_token_ids=req.return_token_ids)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> Response:
+        convert.check_model(core, req.model)
+        if req.echo and req.logprobs is not None:
+            raise HTTPError(400, "echo with logprobs needs prompt logprobs, which pdmesh does not "
+                            "compute; drop one of them", "echo")
+        prompts = convert.completion_prompts(core, req)
+        return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs),
+                         req.stream)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest) -> Response:
+        convert.check_model(core, req.model)
+        ids = convert.chat_prompt(core, req.messages, req.add_generation_prompt)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs)
+        return await run(gen, req.stream)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": core.served_names[0], "object": "model", "created": int(time.time()), "owned_by": "pdmesh",
+            "root": core.cfg.model, "max_model_len": core.model_config.max_position_embeddings,
+        }]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        why = core.unservable()
+        if why:
+            return error_response(HTTPError(503, why))
+        return Response(status_code=200)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
+        convert.check_model(core, req.model)
+        if req.messages is not None:
+            ids = convert.chat_prompt(core, req.messages, req.add_generation_prompt)
+        elif req.prompt is not None:
+            ids = core.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            raise HTTPError(400, "set prompt or messages", "prompt")
+        return {"tokens": ids, "count": len(ids), "max_model_len": core.model_config.max_position_embeddings}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
+        convert.check_model(core, req.model)
+        ids = core.prompt_ids(req.tokens) if req.tokens else []
+        return {"prompt": core.tokenizer.decode(ids, skip_special_tokens=False)}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(core.metrics), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,163 @@
+"""One OpenAI request through the mesh: its prompts x ``n`` completions as choices, whole or
+streamed as SSE.
+
+Choice ``p * n + i`` is completion ``i`` of prompt ``p`` (as vLLM numbers them). Every
+prompt is its own ``RouterCore.generate`` (registered for abort under ``{id}-{p}``);
+a client that disconnects cancels the stream, which cancels every flow and frees the KV
+on every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pdmesh.rpc.convert import FINISH_NAMES
+from pdmesh.sampling_params import SamplingParams
+from services.router.core import RouterCore
+from services.router.http import render
+from services.router.http.errors import error_body, status_of
+from services.router.streams import merge
+
+Kind = Literal["completion", "chat"]
+
+
+@dataclass
+class Generation:
+    core: RouterCore
+    kind: Kind
+    request_id: str
+    model: str
+    prompts: list[tuple[str | None, list[int]]]
+    """``(text, ids)`` per prompt; the text is echoed back when asked."""
+    params: SamplingParams
+    echo: bool = False
+    include_usage: bool = False
+    return_token_ids: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    usage: render.Usage = field(default_factory=render.Usage)
+
+    def __post_init__(self) -> None:
+        self.usage.prompt_tokens = sum(len(ids) for _, ids in self.prompts)
+
+    def stream(self) -> AsyncIterator[tuple[int, Any]]:
+        """``(choice index, GenerateResponse)`` across every prompt and completion."""
+        n = self.params.n
+        deadline = asyncio.get_running_loop().time() + self.core.cfg.request_timeout_s
+        streams = [
+            self.core.generate(self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{p}",
+                               ids, self.params, deadline)
+            for p, (_, ids) in enumerate(self.prompts)
+        ]
+
+        async def tagged() -> AsyncIterator[tuple[int, Any]]:
+            async for p, (i, resp) in merge(streams):
+                yield p * n + i, resp
+
+        return tagged()
+
+    # -- whole response ---------------------------------------------------------------
+    async def collect(self, first: tuple[int, Any] | None, rest: AsyncIterator[tuple[int, Any]]
+                      ) -> dict[str, Any]:
+        choices = {i: render.Choice(i) for i in range(len(self.prompts) * self.params.n)}
+        if first is not None:
+            self._add(choices, *first)
+        async for index, resp in rest:
+            self._add(choices, index, resp)
+        body = self._head("chat.completion" if self.kind == "chat" else "text_completion")
+        body["choices"] = [self._choice_json(c) for c in choices.values()]
+        body["usage"] = self.usage.json()
+        if self.return_token_ids:
+            body["prompt_token_ids"] = [ids for _, ids in self.prompts]
+        return body
+
+    def _add(self, choices: dict[int, render.Choice], index: int, resp: Any) -> None:
+        choices[index].add(resp)
+        self.usage.add(resp)
+
+    def _choice_json(self, c: render.Choice) -> dict[str, Any]:
+        text = "".join(c.text)
+        tok = self.core.tokenizer
+        lp = None
+        if self.params.logprobs is not None:
+            lp = (render.chat_logprobs(tok, c.logprobs) if self.kind == "chat"
+                  else render.completion_logprobs(tok, c.logprobs, 0))
+        out: dict[str, Any] = {"index": c.index, "logprobs": lp, "finish_reason": c.finish_reason,
+                               "stop_reason": c.stop_reason}
+        if self.kind == "chat":
+            out["message"] = {"role": "assistant", "content": text}
+        else:
+            prompt_text = self.prompts[c.index // self.params.n][0] if self.echo else None
+            out["text"] = (prompt_text or "") + text
+        if self.return_token_ids:
+            out["token_ids"] = c.token_ids
+        return out
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+
+    # -- SSE --------------------------------------------------------------------------
+    async def sse(self, first: tuple[int, Any] | None, rest: AsyncIterator[tuple[int, Any]]
+                  ) -> AsyncIterator[str]:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        started: set[int] = set()
+        offsets: dict[int, int] = {}
+        try:
+            items = [first] if first is not None else []
+            async for index, resp in _achain(items, rest):
+                self.usage.add(resp)
+                chunks = []
+                if index not in started:
+                    started.add(index)
+                    chunks.extend(self._opening(index))
+                chunks.append(self._delta(index, resp, offsets))
+                for chunk in chunks:
+                    yield render.sse(self._head(obj) | {"choices": [chunk]})
+        except Exception as exc:  # after the 200 went out: the error travels in the stream
+            yield render.sse(error_body(status_of(exc)))
+        else:
+            if self.include_usage:
+                yield render.sse(self._head(obj) | {"choices": [], "usage": self.usage.json()})
+        yield render.SSE_DONE
+
+    def _opening(self, index: int) -> list[dict[str, Any]]:
+        """What a choice's first chunk carries before its tokens: the role, or the echo."""
+        if self.kind == "chat":
+            return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None}]
+        text = self.prompts[index // self.params.n][0] if self.echo else None
+        if text is None:
+            return []
+        return [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]
+
+    def _delta(self, index: int, resp: Any, offsets: dict[int, int]) -> dict[str, Any]:
+        finish = (FINISH_NAMES.get(resp.finish_reason) or "stop") if resp.finish_reason else None
+        tok = self.core.tokenizer
+        lp = None
+        if self.params.logprobs is not None and resp.logprobs:
+            if self.kind == "chat":
+                lp = render.chat_logprobs(tok, list(resp.logprobs))
+            else:
+                lp = render.completion_logprobs(tok, list(resp.logprobs), offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + len(resp.text)
+        chunk: dict[str, Any] = {"index": index, "logprobs": lp, "finish_reason": finish}
+        if finish:
+            chunk["stop_reason"] = resp.stop_reason or None
+        if self.kind == "chat":
+            chunk["delta"] = {"content": resp.text} if resp.text or not finish else {}
+        else:
+            chunk["text"] = resp.text
+        if self.return_token_ids:
+            chunk["token_ids"] = list(resp.token_ids)
+        return chunk
+
+
+async def _achain(items: list[tuple[int, Any]], rest: AsyncIterator[tuple[int, Any]]
+                  ) -> AsyncIterator[tuple[int, Any]]:
+    for item in items:
+        yield item
+    async for item in rest:
+        yield item

@@ -1,0 +1,56 @@
+"""Serve the HTTP app inside the router's own event loop (uvicorn, no extra process or hop)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from services.router.core import RouterCore
+from services.router.http.app import create_app
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the router owns SIGTERM and drains both fronts."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HTTPFront:
+    def __init__(self, core: RouterCore, host: str, port: int, api_key: str) -> None:
+        config = uvicorn.Config(create_app(core, api_key), host=host, port=port, log_level="warning",
+                                access_log=False, lifespan="off", timeout_graceful_shutdown=10)
+        self.server = _EmbeddedServer(config)
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self, timeout: float = 30.0) -> int:
+        """Start serving; returns the bound port."""
+        self.task = asyncio.create_task(self.server.serve())
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()  # raises why it could not start (port taken ...)
+                raise OSError("the HTTP server stopped before it started")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the HTTP server did not start within {timeout:.0f}s")
+            await asyncio.sleep(0.01)
+        return int(self.server.servers[0].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight responses finish (bounded by uvicorn's grace)."""
+        self.server.should_exit = True
+        if self.task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+def write_http_port_file(port_file: str, port: int) -> None:
+    if port_file:
+        tmp = Path(port_file + ".http.tmp")
+        tmp.write_text(str(port))
+        tmp.replace(port_file + ".http")

@@ -1,0 +1,106 @@
+"""The HTTP front's contract without workers: a real uvicorn server in the test's loop, a real
+HTTP client; every error class answers with its status and OpenAI's error JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from services.router.config import RouterConfig
+from services.router.core import RouterCore
+from services.router.http.server import HTTPFront
+from services.router.registry import Registry
+
+
+async def _with_front(llama_dir: Path, calls: list[tuple[str, str, Any, dict[str, str]]],
+                      api_key: str = "") -> list[tuple[int, Any, dict[str, str]]]:
+    cfg = RouterConfig(model=str(llama_dir))
+    front = HTTPFront(RouterCore(cfg, Registry(cfg)), "127.0.0.1", 0, api_key)
+    port = await front.start()
+    out = []
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            for method, path, body, headers in calls:
+                data = body if isinstance(body, str) else json.dumps(body) if body is not None else None
+                hdrs = {"Content-Type": "application/json", **headers}
+                async with http.request(method, path, data=data, headers=hdrs) as resp:
+                    text = await resp.text()
+                    parsed = json.loads(text) if text and resp.content_type == "application/json" else text
+                    out.append((resp.status, parsed, dict(resp.headers)))
+    finally:
+        await front.stop()
+    return out
+
+
+def run(llama_dir: Path, calls: list[tuple[str, str, Any, dict[str, str]]], api_key: str = ""
+        ) -> list[tuple[int, Any, dict[str, str]]]:
+    return asyncio.run(_with_front(llama_dir, calls, api_key))
+
+
+def test_errors_have_their_status_and_openai_shape(llama_dir: Path) -> None:
+    m = str(llama_dir)
+    cases = [
+        ("POST", "/v1/completions", "{not json", 400, None),
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
+        ("POST", "/v1/completions", {"model": m}, 400, "prompt"),
+        ("POST", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404, "model"),
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "suffix": "x"}, 400, "suffix"),
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "top_p": 7}, 400, "top_p"),
+        ("POST", "/v1/completions", {"model": m, "prompt": [5, 10**7]}, 400, "prompt"),
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 10**6}, 400, "max_tokens"),
+        ("POST", "/v1/chat/completions", {"model": m, "messages": []}, 400, "messages"),
+        ("POST", "/v1/chat/completions", {"model": m, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
+        # Valid, but no worker can take it: 503 with a retry hint.
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 2}, 503, None),
+    ]
+    results = run(llama_dir, [(meth, path, body, {}) for meth, path, body, _, _ in cases])
+    for (_, _, body, status, param), (got, payload, headers) in zip(cases, results):
+        assert got == status, (body, payload)
+        err = payload["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], payload
+        if param is not None:
+            assert err["param"] == param or param in err["message"], payload
+        if status == 503:
+            assert headers.get("Retry-After") == "1"
+
+
+def test_models_health_tokenize_detokenize_metrics(llama_dir: Path) -> None:
+    (s1, models, _), (s2, health, _), (s3, tok, _), (s4, detok, _), (s5, metrics, _) = run(llama_dir, [
+        ("GET", "/v1/models", None, {}),
+        ("GET", "/health", None, {}),
+        ("POST", "/tokenize", {"prompt": "def main():"}, {}),
+        ("POST", "/detokenize", {"tokens": [0, 5, 6]}, {}),
+        ("GET", "/metrics", None, {}),
+    ])
+    assert s1 == 200 and models["data"][0]["id"] == llama_dir.name
+    assert s2 == 503 and "no healthy decode worker" in health["error"]["message"]
+    assert s3 == 200 and tok["tokens"][0] == 0 and tok["count"] == len(tok["tokens"])
+    assert s4 == 200 and isinstance(detok["prompt"], str) and detok["prompt"]
+    assert s5 == 200 and "pdmesh_requests_in_flight" in metrics
+
+
+def test_api_key_guards_v1_routes(llama_dir: Path) -> None:
+    (no, body, _), (wrong, _, _), (ok, _, _), (health, _, _) = run(llama_dir, [
+        ("GET", "/v1/models", None, {}),
+        ("GET", "/v1/models", None, {"Authorization": "Bearer nope"}),
+        ("GET", "/v1/models", None, {"Authorization": "Bearer s3cret"}),
+        ("GET", "/health", None, {}),
+    ], api_key="s3cret")
+    assert (no, wrong, ok) == (401, 401, 200)
+    assert "Authorization: Bearer" in body["error"]["message"]
+    assert health == 503  # not a /v1 route: no key needed (and no workers here)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streaming_requests_fail_before_the_stream_starts(llama_dir: Path, path: str) -> None:
+    body: dict[str, Any] = {"model": llama_dir.name, "stream": True, "max_tokens": 2}
+    body |= {"prompt": "hi"} if "chat" not in path else {"messages": [{"role": "user", "content": "hi"}]}
+    [(status, payload, _)] = run(llama_dir, [("POST", path, body, {})])
+    assert status == 503 and payload["error"]["type"] == "ServiceUnavailableError"

@@ -1,8 +1,9 @@
-"""``pdmesh.Client``: call a pdmesh router from Python (blocking; streams tokens)."""
+"""``pdmesh.Client`` (blocking) and ``pdmesh.client.AsyncClient`` (asyncio): call a pdmesh
+router from Python; tokens stream back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,48 @@ class Completion:
     cached_tokens: int = 0
 
 
+def build_request(prompt: str | list[int], request_id: str = "", cache_salt: str = "",
+                  **sampling: Any) -> generate_pb2.GenerateRequest:
+    """A ``GenerateRequest``: text or token ids, and ``SamplingParams`` fields by name."""
+    req = generate_pb2.GenerateRequest(
+        request_id=request_id, cache_salt=cache_salt, sampling=common_pb2.SamplingParams(**sampling)
+    )
+    if isinstance(prompt, str):
+        req.text = prompt
+    else:
+        req.token_ids.ids.extend(prompt)
+    return req
+
+
+class AsyncClient:
+    """``async with AsyncClient(addr) as c: async for resp in c.generate(prompt, max_tokens=8)``."""
+
+    def __init__(self, address: str, timeout: float = 600.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = generate_pb2_grpc.GenerationStub(self._channel)
+
+    async def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
+                       ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        """Stream responses; raises ``grpc.aio.AioRpcError`` with the mesh's status on failure."""
+        call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout or self.timeout)
+        try:
+            async for resp in call:
+                yield resp
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
 class Client:
     """``Client("127.0.0.1:50051").complete("def main():", max_tokens=32, temperature=0)``."""
 
@@ -36,14 +79,7 @@ class Client:
 
     def request(self, prompt: str | list[int], request_id: str = "", cache_salt: str = "",
                 **sampling: Any) -> generate_pb2.GenerateRequest:
-        req = generate_pb2.GenerateRequest(
-            request_id=request_id, cache_salt=cache_salt, sampling=common_pb2.SamplingParams(**sampling)
-        )
-        if isinstance(prompt, str):
-            req.text = prompt
-        else:
-            req.token_ids.ids.extend(prompt)
-        return req
+        return build_request(prompt, request_id, cache_salt, **sampling)
 
     def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
                  ) -> Iterator[generate_pb2.GenerateResponse]:

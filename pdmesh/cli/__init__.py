@@ -41,6 +41,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.mesh import run_mesh_bench as bench
         elif name == "profile":
             from pdmesh.bench.profile import run_profile as bench
+        elif name == "serve":
+            from pdmesh.bench.serve.command import run_serve as bench
         else:
             from pdmesh.bench.tracing import run_tracing_bench as bench
         bench(args)
@@ -101,6 +103,13 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     bprof.add_argument("--steps", type=int, default=10, help="decode steps timed (default: 10)")
     bprof.add_argument("--rows", type=int, default=15, help="operators listed (default: 15)")
     bprof.set_defaults(func=_bench("profile"))
+    bserve = bsub.add_parser("serve", help="a serving benchmark against pdmesh and/or an OpenAI-compatible peer",
+                             description="Targets: grpc://H:P, http://H:P, pdmesh:P+D[/grpc] (started here), "
+                             "vllm:PEER_DIR (started here from scripts/peer_vllm.sh's venv).")
+    from pdmesh.bench.serve.command import add_arguments
+
+    add_arguments(bserve)
+    bserve.set_defaults(func=_bench("serve"))
     btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
     btr.add_argument("--requests", type=int, default=5000, help="requests to time (default: 5000)")
     btr.add_argument("--out", default="bench-results/tracing.json", help="JSON report (default: %(default)s)")

@@ -1,26 +1,33 @@
 """``AsyncLLMEngine``: many concurrent ``generate`` streams over one engine loop.
 
-The loop task runs each ``step()`` on a worker thread (torch releases the GIL), so the
-event loop stays responsive while the model runs. Coroutines add requests and do hand-off
-bookkeeping directly under the engine's lock, which a step does not hold during its forward
-pass; only aborts wait for the step in flight to end, since they free blocks that step may
-be writing. Closing a ``generate`` iterator (client gone, task cancelled) aborts the request
-and frees its blocks.
+The engine steps in a thread of its own, back to back, and hands each step's outputs to
+the event loop (``call_soon_threadsafe``); it never waits for the loop. So the work the
+loop does per token (detokenized outputs to protobuf, gRPC or HTTP writes) overlaps the
+next forward pass instead of sitting between two steps — measured, that gap left a core
+idle on a 2-core worker (docs/performance.md). torch releases the GIL in its kernels, so
+the two threads share the machine.
+
+Coroutines add requests and do hand-off bookkeeping directly under the engine's lock,
+which a step does not hold during its forward pass; aborts are applied by the engine
+thread between steps, since they free blocks a step may be writing. Closing a
+``generate`` iterator (client gone, task cancelled) aborts the request and frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
+import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pdmesh.engine.llm_engine import LLMEngine
-from pdmesh.errors import InvalidRequestError
+from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.request import RequestOutput
 from pdmesh.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class AsyncLLMEngine:
@@ -28,9 +35,13 @@ class AsyncLLMEngine:
         self.engine = engine
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._pending_aborts: list[str] = []
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdmesh-step")
-        self._loop_task: asyncio.Task[None] | None = None
+        self._aborts_lock = threading.Lock()
+        """Aborts come from the loop (and a failing step), the engine thread applies them."""
+        self._work = threading.Event()
+        """Set when there may be something to do: a request added, an abort, a shutdown."""
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self._progress_listeners: dict[str, tuple[Callable[[int], None], int]] = {}
         """request id -> (listener, full prompt blocks it was last told)."""
@@ -62,7 +73,7 @@ class AsyncLLMEngine:
         """
         if rid in self._queues:
             raise InvalidRequestError("request_id", f"{rid!r} is already in flight")
-        self._ensure_loop()
+        self._ensure_thread()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._queues[rid] = queue
         try:
@@ -70,8 +81,8 @@ class AsyncLLMEngine:
         except BaseException:
             del self._queues[rid]
             raise
-        self._dispatch(self.engine.take_ready_outputs())
-        self._wake.set()
+        self._dispatch(self.call(self.engine.take_ready_outputs))
+        self._work.set()
         finished = False
         try:
             while True:
@@ -88,23 +99,12 @@ class AsyncLLMEngine:
                 self.abort(rid)
 
     def watch_progress(self, rid: str, listener: Callable[[int], None] | None) -> None:
-        """Call ``listener(full_prompt_blocks)`` after each step that completed more of
-        ``rid``'s prompt blocks; None stops watching."""
+        """Call ``listener(full_prompt_blocks)`` (on the event loop) after each step that
+        completed more of ``rid``'s prompt blocks; None stops watching."""
         if listener is None:
             self._progress_listeners.pop(rid, None)
         else:
             self._progress_listeners[rid] = (listener, 0)
-
-    def _notify_progress(self) -> None:
-        if not self._progress_listeners:
-            return
-        progress = self.engine.handoff.prefill_progress
-        with self.engine.lock:
-            grown = [(rid, fn, progress(rid)) for rid, (fn, last) in self._progress_listeners.items()]
-        for rid, fn, blocks in grown:
-            if blocks > self._progress_listeners.get(rid, (fn, blocks))[1]:
-                self._progress_listeners[rid] = (fn, blocks)
-                fn(blocks)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine now, under its lock (not held during forward passes).
@@ -117,32 +117,67 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort between steps (the step in flight may be writing the request's blocks)."""
-        self._pending_aborts.append(request_id)
-        self._wake.set()
+        with self._aborts_lock:
+            self._pending_aborts.append(request_id)
+        self._work.set()
 
-    def _ensure_loop(self) -> None:
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+    # -- the engine thread ------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._loop = asyncio.get_running_loop()
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="pdmesh-engine", daemon=True)
+            self._thread.start()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+    def _run(self) -> None:
+        eng = self.engine
+        while not self._stopping:
             self._apply_aborts()
-            self._dispatch(self.engine.take_ready_outputs())
-            if not self.engine.has_unfinished_requests():
-                self._wake.clear()
-                if not self._pending_aborts:
-                    await self._wake.wait()
+            ready = self.call(eng.take_ready_outputs)
+            if not eng.has_unfinished_requests():
+                self._post(self._dispatch, ready)
+                self._work.wait()
+                self._work.clear()
                 continue
             try:
-                outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                outputs = ready + eng.step()
             except Exception as exc:  # a broken step fails every stream, never hangs them
-                for rid, queue in list(self._queues.items()):
-                    queue.put_nowait(exc)
-                    self._pending_aborts.append(rid)
+                log.exception("engine step failed; failing the requests in flight")
+                self._post(self._fail_all, exc)
+                self._work.wait(0.1)
+                self._work.clear()
                 continue
-            self._notify_progress()
-            self._dispatch(outputs)
+            progress = self._progress() if self._progress_listeners else []
+            self._post(self._deliver, outputs, progress)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _progress(self) -> list[tuple[str, int]]:
+        progress = self.engine.handoff.prefill_progress
+        with self.engine.lock:
+            return [(rid, progress(rid)) for rid in list(self._progress_listeners)]
+
+    def _apply_aborts(self) -> None:
+        with self._aborts_lock:
+            aborts, self._pending_aborts = self._pending_aborts, []
+        for rid in aborts:
+            try:
+                with self.engine.lock:
+                    self.engine.abort_request(rid)
+            except UnknownRequestError:
+                pass  # already finished or released
+
+    # -- on the event loop ------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput], progress: list[tuple[str, int]]) -> None:
+        for rid, blocks in progress:
+            entry = self._progress_listeners.get(rid)
+            if entry is not None and blocks > entry[1]:
+                self._progress_listeners[rid] = (entry[0], blocks)
+                entry[0](blocks)
+        self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -150,15 +185,14 @@ class AsyncLLMEngine:
             if queue is not None:
                 queue.put_nowait(out)
 
-    def _apply_aborts(self) -> None:
-        aborts, self._pending_aborts = self._pending_aborts, []
-        for rid in aborts:
-            with contextlib.suppress(KeyError), self.engine.lock:
-                self.engine.abort_request(rid)
+    def _fail_all(self, exc: BaseException) -> None:
+        for rid, queue in list(self._queues.items()):
+            queue.put_nowait(exc)
+            self.abort(rid)
 
     async def shutdown(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-        self._executor.shutdown(wait=True)
+        self._stopping = True
+        self._work.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
+            self._thread = None

@@ -1,0 +1,122 @@
+"""``pdmesh bench serve --target T [--compare T2] [workload] [arrivals] --out DIR``.
+
+Targets: ``grpc://HOST:PORT`` (a pdmesh router), ``http://HOST:PORT`` (any OpenAI-compatible
+server), ``pdmesh:P+D[/grpc]`` and ``vllm:PEER_DIR`` (started and stopped by the benchmark,
+``servers.py``). With ``--compare`` the two targets run alternately, ``--rounds`` times each,
+on the same prompts, and the table ends with their ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import urllib.request
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+from pdmesh.bench.serve import report, servers
+from pdmesh.bench.serve.metrics import SLO, summarize
+from pdmesh.bench.serve.runner import Arrivals, run
+from pdmesh.bench.serve.targets import GrpcTarget, OpenAITarget, Record, Target
+from pdmesh.bench.serve.workloads import WorkloadSpec, build
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True,
+                   help="grpc://H:P, http://H:P, pdmesh:P+D[/grpc] or vllm:PEER_DIR (required)")
+    p.add_argument("--compare", default=None, help="a second target, run alternately (default: none)")
+    p.add_argument("--model", default=None, help="model folder (needed to start pdmesh: or vllm: targets, "
+                   "and the model name sent to HTTP targets; default: asked from /v1/models)")
+    p.add_argument("--dtype", default="float32", help="dtype of started servers (default: float32)")
+    p.add_argument("--kvstore", action="store_true", help="started pdmesh meshes get a kvstore")
+    p.add_argument("--workload", default="random", choices=["random", "prefix", "chat", "jsonl"],
+                   help="what to send (default: random)")
+    p.add_argument("--num-requests", type=int, default=32, help="requests (default: 32)")
+    p.add_argument("--input-len", type=int, default=256, help="prompt (or suffix) tokens (default: 256)")
+    p.add_argument("--output-len", type=int, default=64, help="tokens to generate (default: 64)")
+    p.add_argument("--prefix-len", type=int, default=512, help="prefix workload: shared prefix tokens (default: 512)")
+    p.add_argument("--groups", type=int, default=4, help="prefix workload: distinct prefixes (default: 4)")
+    p.add_argument("--turns", type=int, default=4, help="chat workload: turns per session (default: 4)")
+    p.add_argument("--file", default="", help="jsonl workload: the file (default: none)")
+    p.add_argument("--rate", type=float, nargs="+", default=[float("inf")],
+                   help="request rates to sweep, req/s; inf = all at once (default: inf)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals; 1 = Poisson (default: 1)")
+    p.add_argument("--max-concurrency", type=int, default=0, help="requests in flight at most; 0 = no cap (default: 0)")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds per target (default: 1)")
+    p.add_argument("--ttft-slo", type=float, default=2.0, help="goodput SLO on TTFT, seconds (default: 2.0)")
+    p.add_argument("--tpot-slo", type=float, default=0.2, help="goodput SLO on TPOT, seconds (default: 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default: 0)")
+    p.add_argument("--vocab", type=int, default=None, help="token ids are drawn below this (default: the model's)")
+    p.add_argument("--api-key", default="", help="bearer token for HTTP targets (default: none)")
+    p.add_argument("--out", default="bench-results/serve", help="folder for serve.json and PNGs (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _served_model(url: str) -> str:
+    with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=10) as resp:
+        return str(json.load(resp)["data"][0]["id"])
+
+
+def _start(spec: str, args: argparse.Namespace) -> servers.Started:
+    if spec.startswith(("pdmesh:", "vllm:")) and not args.model:
+        raise SystemExit(f"pdmesh bench serve: {spec} needs --model DIR to start")
+    if spec.startswith("pdmesh:"):
+        return servers.start_pdmesh(spec.removeprefix("pdmesh:"), args.model, args.dtype, args.kvstore, [])
+    if spec.startswith("vllm:"):
+        return servers.start_vllm(spec.removeprefix("vllm:"), args.model, args.dtype)
+    return servers.Started(spec, args.model or "", lambda: None)
+
+
+def _target(started: servers.Started, args: argparse.Namespace) -> Target:
+    if started.url.startswith("grpc://"):
+        return GrpcTarget(started.url.removeprefix("grpc://"))
+    return OpenAITarget(started.url, started.model or _served_model(started.url), args.api_key)
+
+
+async def _measure(make: Callable[[], Target], spec: WorkloadSpec, arrivals: Arrivals, progress: bool
+                   ) -> tuple[list[Record], float]:
+    target = make()  # inside the loop: clients bind to it
+    try:
+        await run(target, build(WorkloadSpec(num_requests=2, input_len=16, output_len=4, vocab=spec.vocab,
+                                             seed=spec.seed + 99)), Arrivals(), progress=False)  # warm-up
+        return await run(target, build(spec), arrivals, progress)
+    finally:
+        await target.close()
+
+
+def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
+    vocab = args.vocab
+    if vocab is None and args.model:
+        from pdmesh.model.config import ModelConfig
+
+        vocab = ModelConfig.from_dir(args.model).vocab_size
+    spec = WorkloadSpec(args.workload, args.num_requests, args.input_len, args.output_len, args.prefix_len,
+                        args.groups, args.turns, args.file, args.seed, vocab or 1000)
+    specs = [args.target] + ([args.compare] if args.compare else [])
+    rows: list[dict[str, Any]] = []
+    records: dict[str, list[Record]] = {}
+    for rate in args.rate:
+        arrivals = Arrivals(rate, args.burstiness, args.max_concurrency, args.seed)
+        for rnd in range(args.rounds):
+            for target_spec in specs:
+                started = _start(target_spec, args)
+                try:
+                    recs, seconds = asyncio.run(_measure(lambda: _target(started, args), spec, arrivals,
+                                                         not args.no_progress))
+                finally:
+                    started.stop()  # type: ignore[operator]
+                row = summarize(recs, seconds, SLO(args.ttft_slo, args.tpot_slo))
+                rows.append({"target": target_spec, "rate": rate, "round": rnd} | row)
+                records[f"{target_spec} @ {rate:g}"] = recs
+    print(f"\npdmesh bench serve — workload {args.workload}, {args.num_requests} requests, "
+          f"in {args.input_len}, out {args.output_len}")
+    print(report.table(rows))
+    if args.compare:
+        for line in report.ratios(rows, args.target, args.compare):
+            print(line)
+    meta = {"bench": "serve", "args": {k: v for k, v in vars(args).items() if k != "func"}}
+    for path in report.write(Path(args.out), meta, rows, records):
+        print(f"wrote {path}")
+    return rows

@@ -16,6 +16,7 @@ from types import ModuleType
 
 import torch
 
+from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
 log = logging.getLogger(__name__)
@@ -24,17 +25,6 @@ SOURCES = (Path(__file__).parent / "csrc" / "paged_attention.cpp",)
 
 class KernelsUnavailableError(PdmeshError):
     """The C++ kernels could not be built or loaded here (no compiler, no ninja ...)."""
-
-
-def cpu_flags() -> str:
-    """The CPU's feature flags (x86: from /proc/cpuinfo), sorted; "" where unknown."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
 
 
 def module_name(flags: str) -> str:

@@ -115,7 +115,7 @@ def run_engine_bench(args: argparse.Namespace) -> list[Row]:
                     n_tok / min(hf_s)))
 
     # Decode at several batch sizes.
-    for batch in (1, 8) if quick else (1, 8, 32):
+    for batch in (1, 8) if quick else (1, 8, 16, 32):
         ps = _prompts(batch, 64, rng, vocab)
         ours_tps, hf_tps = 0.0, 0.0
         for _ in range(3):  # best of three alternating rounds, as for prefill

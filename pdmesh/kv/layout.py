@@ -10,22 +10,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
+from pdmesh.cpu import has_native_bf16
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ModelConfig
 
+log = logging.getLogger(__name__)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """The KV and weight dtypes pdmesh serves, by name, and their element size."""
 
 
-def resolve_dtype_name(requested: str, cfg: ModelConfig) -> str:
-    """The dtype to run in: the one asked for, or for "auto" the config's (float32 if none)."""
+def resolve_dtype_name(requested: str, cfg: ModelConfig, device: str = "cpu") -> str:
+    """The dtype to run in: the one asked for, or for "auto" the config's (float32 if it
+    names none) -- except half precision on a CPU without native bf16 instructions, where
+    it is several times slower than float32: auto picks float32 there and logs why. The
+    kvstore resolves "auto" as a CPU worker would; give it the workers' dtype when they
+    run on GPUs."""
     name = requested
     if requested == "auto":
         name = cfg.torch_dtype if cfg.torch_dtype in DTYPE_BYTES else "float32"
+        if name != "float32" and device.startswith("cpu") and not has_native_bf16():
+            log.warning("dtype auto: the model says %s, but this CPU has no native bf16 "
+                        "instructions (it runs several times slower than float32); using float32", name)
+            name = "float32"
     if name not in DTYPE_BYTES:
         raise UnsupportedModelError(
             f"dtype={requested!r} is not supported; choose {sorted(DTYPE_BYTES)} or 'auto'"

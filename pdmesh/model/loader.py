@@ -18,9 +18,9 @@ from pdmesh.model.llama import LlamaForCausalLM
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_dtype(requested: str, cfg: ModelConfig) -> torch.dtype:
+def resolve_dtype(requested: str, cfg: ModelConfig, device: str = "cpu") -> torch.dtype:
     """The torch dtype to run in (see ``resolve_dtype_name``)."""
-    return _DTYPES[resolve_dtype_name(requested, cfg)]
+    return _DTYPES[resolve_dtype_name(requested, cfg, device)]
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -48,7 +48,7 @@ def load_model(
     """Build the decoder for ``path`` and load its weights."""
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
-    torch_dtype = resolve_dtype(dtype, cfg)
+    torch_dtype = resolve_dtype(dtype, cfg, device)
     with torch.device(device):
         model = LlamaForCausalLM(cfg, max_positions or cfg.max_position_embeddings)
     model.to(dtype=torch_dtype)

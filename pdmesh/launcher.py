@@ -201,7 +201,7 @@ class Mesh:
                 raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
             if port_file.is_file() and not proc.address:
                 proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
-            if proc.address and _serving(proc.address):
+            if proc.address and is_serving(proc.address):
                 metrics_file = Path(str(port_file) + ".metrics")
                 if metrics_file.is_file():
                     proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
@@ -238,7 +238,7 @@ def _layout_args(worker_args: list[str]) -> list[str]:
     return out
 
 
-def _serving(address: str) -> bool:
+def is_serving(address: str) -> bool:
     try:
         with grpc.insecure_channel(address) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)

@@ -40,6 +40,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def vocab_strings(self) -> list[str]:
+        """Every token's string form (byte-level tokens as their escaped characters)."""
+        return list(self._tok.get_vocab(with_added_tokens=True))
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -40,6 +40,10 @@ def decode_request(rid: str, prefill_response: Any, handle: Any) -> worker_pb2.D
     return msg
 
 
+def renew_request(rid: str, lease_ms: int) -> worker_pb2.RenewLeaseRequest:
+    return worker_pb2.RenewLeaseRequest(request_id=rid, lease_ms=lease_ms)
+
+
 def release_request(rid: str) -> worker_pb2.ReleaseRequest:
     return worker_pb2.ReleaseRequest(request_id=rid)
 

@@ -28,8 +28,11 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    # Many concurrent streams are normal for a router; the default cancels some past ~1k.
-    ("grpc.max_pending_requests", 0),
+    # grpcio ends calls beyond these with a bare CANCELLED (defaults 1,000 / 3,000; the
+    # names without "server." are ignored). Admission is the application's job: the router
+    # refuses what it cannot queue with RESOURCE_EXHAUSTED and a retry hint.
+    ("grpc.server.max_pending_requests", 100_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
     ("grpc.so_reuseport", 0),
 ]
 CHANNEL_OPTIONS = [
@@ -39,29 +42,62 @@ CHANNEL_OPTIONS = [
 
 
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns domain exceptions raised by handlers into precise status codes."""
+    """Turns domain exceptions raised by handlers into precise status codes, and a request
+    that does not deserialize into INVALID_ARGUMENT naming its message (grpcio would answer
+    UNKNOWN "Unexpected DecodeError" and log a traceback)."""
 
     async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
+        deserializer = _tolerant(handler.request_deserializer, handler_call_details.method)
         if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary),
+                                    request_deserializer=deserializer)
         if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream),
+                                    request_deserializer=deserializer)
         return handler
+
+
+class _Malformed:
+    """What a request that failed to deserialize becomes; the handler wrapper refuses it."""
+
+    def __init__(self, method: str, error: Exception) -> None:
+        self.message = f"malformed request to {method}: {error}"
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # DecodeError, invalid UTF-8 in a string field ...
+            return _Malformed(method, exc)
+
+    return parse
+
+
+RETRY_AFTER_MS = "1000"
+"""Sent as ``retry-after-ms`` trailing metadata with RESOURCE_EXHAUSTED and UNAVAILABLE."""
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     code = status_for(exc)
     if code is grpc.StatusCode.INTERNAL:
         log.exception("unexpected error in handler", exc_info=exc)
+    if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
+        context.set_trailing_metadata((("retry-after-ms", RETRY_AFTER_MS),))
     await context.abort(code, message_for(exc))
 
 
 def _wrap_unary(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapped(request, context):  # type: ignore[no-untyped-def]
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await fn(request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -75,6 +111,8 @@ def _wrap_unary(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapped(request, context):  # type: ignore[no-untyped-def]
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             gen = fn(request, context)
             if inspect.isasyncgen(gen):

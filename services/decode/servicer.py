@@ -91,14 +91,13 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     self.core.counters.expired_leases += 1
                     log.warning("reservation %s expired before its KV arrived; blocks freed", rid)
 
-    async def watch_notifications(self, interval: float = 0.0005) -> None:
-        """Collect NIXL notifications (transfer ids) while transfers are outstanding."""
+    async def watch_notifications(self, interval: float = 0.0005, idle: float = 0.005) -> None:
+        """Collect NIXL notifications (transfer ids); fast while transfers are outstanding.
+        Polling also drives UCX progress for writes into this worker's pool, so it never
+        stops: a write whose reservation has lapsed must still complete, not hang."""
         while True:
-            if self.reservations.awaiting_kv():
-                self.reservations.notified(self.core.transport.take_notifs())
-                await asyncio.sleep(interval)
-            else:
-                await asyncio.sleep(0.01)
+            self.reservations.notified(self.core.transport.take_notifs())
+            await asyncio.sleep(interval if self.reservations.awaiting_kv() else idle)
 
     # -- generation -------------------------------------------------------------------
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802

@@ -40,10 +40,21 @@ class RouterConfig(MeshContract, ServerConfig):
     """cache_aware imbalance guard: when in-flight counts differ by more, pick the least loaded."""
     info_interval_s: float = 0.5
     """How often to refresh every worker's Info (health, load, compatibility)."""
+    info_timeout_s: float = 2.0
+    """Deadline of one Info call."""
+    down_after_failures: int = 3
+    """A worker is marked down after this many Info failures in a row (a busy worker's
+    slow answer must not flap it); a call that finds it unreachable marks it at once."""
+    max_in_flight: int = 2048
+    """Requests the router serves at once; more wait in a queue."""
+    max_queued: int = 8192
+    """Requests waiting for a slot; beyond this, RESOURCE_EXHAUSTED (HTTP 429) with a
+    retry-after hint."""
     request_timeout_s: float = 600.0
     """Deadline for requests that carry none."""
     lease_ms: int = 30000
-    """How long a decode worker holds a reservation whose KV has not arrived."""
+    """How long a decode worker holds a reservation whose KV has not arrived; the router
+    renews it every third of that while the request waits for its prefill."""
     http_port: int = -1
     """OpenAI-compatible HTTP API on this port: -1 off, 0 any free port (written to
     {port_file}.http)."""

@@ -6,8 +6,10 @@ happens to one request afterwards is its ``RequestFlow`` (``flow.py``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from pathlib import Path
 from collections.abc import AsyncIterator
@@ -23,6 +25,7 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
+from services.router.admission import AdmissionGate
 from services.router.completions import Completions
 from services.router.config import RouterConfig
 from services.router.flow import RequestFlow
@@ -43,6 +46,9 @@ class RouterCore:
         self.tokenizer = Tokenizer(cfg.model)
         self.model_config = ModelConfig.from_dir(cfg.model)
         self.hasher = BlockHasher(cfg.block_size, cfg.hash_seed, cfg.hash_algorithm)
+        self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.vocab_strings())
+        """An upper bound on the bytes of text one token covers (for the cheap size check)."""
+        self._tokenizer_pool = ThreadPoolExecutor(2, thread_name_prefix="pdmesh-tokenize")
         self.prefill_policy = build_policy(cfg.prefill_policy, cfg)
         self.decode_policy = build_policy(cfg.decode_policy, cfg)
         self.decisions: Counter[str] = Counter()
@@ -52,6 +58,7 @@ class RouterCore:
         self.flows: dict[str, Completions] = {}
         """request id -> its live completions (what ``Abort`` reaches)."""
         self.recent = RecentRoutes()
+        self.admission = AdmissionGate(cfg.max_in_flight, cfg.max_queued)
         self.index_ok_at = time.monotonic()
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, "router")
@@ -64,6 +71,27 @@ class RouterCore:
         return list(dict.fromkeys(names))
 
     # -- admission --------------------------------------------------------------------
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, off the event loop, after a size check that needs no
+        tokenizer: no token covers more than ``max_token_bytes`` bytes, so a text longer than
+        the context times that cannot fit and is refused at once (a 40 MB prompt must not
+        stall every other stream while it is tokenized)."""
+        if not text:
+            raise InvalidRequestError("text", "must not be empty")
+        limit = self.model_config.max_position_embeddings
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limit * self.max_token_bytes:
+            raise InvalidRequestError(
+                "text", f"{size} bytes cannot fit the model's context of {limit} tokens "
+                f"(at most {limit * self.max_token_bytes} bytes); shorten the prompt")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, self.tokenizer.encode, text, add_special_tokens)
+
+    async def prompt_ids_async(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
+        if isinstance(prompt, str):
+            return await self.tokenize(prompt, add_special_tokens)
+        return self.prompt_ids(prompt)
+
     def prompt_ids(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
@@ -101,8 +129,9 @@ class RouterCore:
         ]
         group = self.flows[request_id] = Completions(request_id, flows)
         try:
-            async for item in group.stream():
-                yield item
+            async with self.admission.slot(max(0.0, deadline - asyncio.get_running_loop().time())):
+                async for item in group.stream():
+                    yield item
         finally:
             self.flows.pop(request_id, None)
 

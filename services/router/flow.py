@@ -173,6 +173,7 @@ class RequestFlow:
                                                   timeout=self.left()))
         prefill = choice.worker
         prefill.acquire()
+        renewing = asyncio.create_task(self._renew_lease(d_stub))
         try:
             response = await self._start(prefill_stub(prefill.address).Prefill(
                 messages.prefill_request(self.request_id, self.prompt, self.params, handle),
@@ -192,8 +193,23 @@ class RequestFlow:
             await self.release(d_stub)
             raise
         finally:
+            renewing.cancel()
             prefill.release()
         return response, handle
+
+    async def _renew_lease(self, d_stub: Any) -> None:
+        """Keep the decode reservation alive while the prefill waits in its queue: a long
+        queue must delay the request, not expire its reservation."""
+        every = self.core.cfg.lease_ms / 3000
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await d_stub.RenewLease(messages.renew_request(self.request_id, self.core.cfg.lease_ms),
+                                        timeout=min(5.0, every))
+            except grpc.aio.AioRpcError as exc:
+                log.warning("renewing the lease of %s failed: %s", self.request_id, exc.code().name)
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
         call = decode_stub(self._decode().address).Decode(

@@ -26,6 +26,9 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
         ("gauge", "pdmesh_index_staleness_seconds", "Seconds since the index last answered",
          time.monotonic() - core.index_ok_at if core.index is not None else 0.0, {}),
         ("gauge", "pdmesh_requests_in_flight", "Requests the router is serving", len(core.flows), {}),
+        ("gauge", "pdmesh_requests_queued", "Requests waiting for an admission slot", core.admission.queued, {}),
+        ("counter", "pdmesh_requests_refused", "Requests refused at capacity (RESOURCE_EXHAUSTED)",
+         core.admission.refused, {}),
     ]
     for w in core.workers.workers:
         out.append(("gauge", "pdmesh_worker_healthy", "1 when the worker answers and is compatible",

@@ -37,6 +37,8 @@ class WorkerHandle:
     """When ``info`` was fetched (monotonic)."""
     released_at: float = 0.0
     """When one of this router's requests last finished here (monotonic)."""
+    failures: int = 0
+    """Info calls that failed in a row."""
 
     @property
     def worker_id(self) -> str:
@@ -80,12 +82,15 @@ class Registry:
 
     async def _refresh(self, w: WorkerHandle) -> None:
         try:
-            info = await fetch_info(w.address, timeout=1.0)
-        except grpc.aio.AioRpcError:
-            if w.healthy:
-                log.warning("%s worker at %s stopped answering", w.role, w.address)
-            w.healthy = False
+            info = await fetch_info(w.address, timeout=self.cfg.info_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            w.failures += 1
+            if w.healthy and w.failures >= self.cfg.down_after_failures:
+                log.warning("%s worker at %s stopped answering (%d Info calls failed: %s)",
+                            w.role, w.address, w.failures, exc.code().name)
+                w.healthy = False
             return
+        w.failures = 0
         w.info = info
         w.info_at = time.monotonic()
         reason = self._refusal(w, info)

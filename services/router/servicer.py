@@ -40,7 +40,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Generate(self, request, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         core = self.core
         rid = request.request_id or uuid.uuid4().hex
-        ids = core.prompt_ids(_prompt(request))
+        ids = await core.prompt_ids_async(_prompt(request))
         params = sampling_from_proto(request.sampling, cache_salt=request.cache_salt or None)
         core.check_length(ids, params)
         deadline = asyncio.get_running_loop().time() + remaining(context, core.cfg.request_timeout_s)
@@ -56,7 +56,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         return generate_pb2.AbortResponse(aborted=flow is not None and flow.abort())
 
     async def Tokenize(self, request, context) -> generate_pb2.TokenizeResponse:  # noqa: N802
-        return generate_pb2.TokenizeResponse(token_ids=self.core.tokenizer.encode(request.text))
+        ids = await self.core.tokenize(request.text) if request.text else []
+        return generate_pb2.TokenizeResponse(token_ids=ids)
 
     async def Detokenize(self, request, context) -> generate_pb2.DetokenizeResponse:  # noqa: N802
         ids = self.core.prompt_ids(list(request.token_ids))

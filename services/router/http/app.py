@@ -94,14 +94,14 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
         if req.echo and req.logprobs is not None:
             raise HTTPError(400, "echo with logprobs needs prompt logprobs, which pdmesh does not "
                             "compute; drop one of them", "echo")
-        prompts = convert.completion_prompts(core, req)
+        prompts = await convert.completion_prompts(core, req)
         return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs),
                          req.stream)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest) -> Response:
         convert.check_model(core, req.model)
-        ids = convert.chat_prompt(core, req.messages, req.add_generation_prompt)
+        ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs)
         return await run(gen, req.stream)
@@ -124,9 +124,9 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
         convert.check_model(core, req.model)
         if req.messages is not None:
-            ids = convert.chat_prompt(core, req.messages, req.add_generation_prompt)
+            ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt)
         elif req.prompt is not None:
-            ids = core.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = await core.tokenize(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
             raise HTTPError(400, "set prompt or messages", "prompt")
         return {"tokens": ids, "count": len(ids), "max_model_len": core.model_config.max_position_embeddings}

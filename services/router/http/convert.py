@@ -33,7 +33,7 @@ def check_model(core: RouterCore, model: str | None) -> None:
                         f"{core.served_names[0]!r}", "model", "model_not_found")
 
 
-def completion_prompts(core: RouterCore, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+async def completion_prompts(core: RouterCore, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
     """``(prompt text or None, token ids)`` for each prompt of a completions request."""
     if req.suffix is not None:
         raise HTTPError(400, "suffix is not supported (no fill-in-the-middle): leave it unset", "suffix")
@@ -49,7 +49,7 @@ def completion_prompts(core: RouterCore, req: CompletionRequest) -> list[tuple[s
     out = []
     for item in texts:
         try:
-            ids = core.prompt_ids(item)
+            ids = await core.prompt_ids_async(item)
         except InvalidRequestError as exc:
             raise HTTPError(400, exc.message, "prompt") from exc
         out.append((item if isinstance(item, str) else None, ids))
@@ -69,10 +69,10 @@ def _text(message: ChatMessage) -> str:
     return "".join(parts)
 
 
-def chat_prompt(core: RouterCore, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+async def chat_prompt(core: RouterCore, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
     """Messages rendered with the model's chat template, tokenized without added specials
     (the template writes BOS itself)."""
     rendered = core.tokenizer.apply_chat_template(
         [{"role": m.role, "content": _text(m)} for m in messages], add_generation_prompt
     )
-    return core.prompt_ids(rendered, add_special_tokens=False)
+    return await core.tokenize(rendered, add_special_tokens=False)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +13,7 @@ import grpc
 import pytest
 
 from pdmesh.client import Client
-from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.launcher import Mesh, MeshSpec, is_serving
 from pdmesh.v1 import admin_pb2_grpc, worker_pb2
 
 WORKER_ARGS = ["--dtype", "float32", "--num-blocks", "256", "--block-size", "16"]
@@ -61,3 +64,34 @@ def mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def client(mesh: Mesh) -> Iterator[Client]:
     with Client(mesh.router_address, timeout=120) as c:
         yield c
+
+
+@contextlib.contextmanager
+def extra_process(tmp_path: Path, name: str, args: list[str], env: dict[str, str] | None = None
+                  ) -> Iterator[str]:
+    """One more ``pdmesh`` service process (on port 0); yields its address once SERVING."""
+    import os
+
+    port_file = tmp_path / f"{name}.port"
+    log_path = tmp_path / f"{name}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "pdmesh", *args, "--port", "0", "--port-file", str(port_file)],
+                            stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + 120
+        while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port_file.read_text().strip()}"
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def extra_router(mesh: Mesh, tmp_path: Path, *flags: str, prefill: list[str] | None = None
+                 ) -> contextlib.AbstractContextManager[str]:
+    """A second router in front of the mesh's workers (or the ``prefill`` ones given)."""
+    prefills = prefill if prefill is not None else [p.address for p in mesh.prefill]
+    return extra_process(tmp_path, "router2", [
+        "router", "--model", mesh.spec.model, "--redis-url", mesh.redis_url, "--prefill", ",".join(prefills),
+        "--decode", ",".join(p.address for p in mesh.decode), "--info-interval-s", "0.2", *flags])

@@ -1,0 +1,121 @@
+"""Overload, long queues and bad input, answered precisely (real router processes)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh
+from tests.conftest import HFReference
+from tests.integration.mesh.conftest import extra_process, extra_router, wait_idle
+
+ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED,
+           grpc.StatusCode.OUT_OF_RANGE}
+
+
+def test_beyond_capacity_is_resource_exhausted_with_a_retry_hint(mesh: Mesh, tmp_path: Path) -> None:
+    with extra_router(mesh, tmp_path, "--max-in-flight", "2", "--max-queued", "2") as address:
+        with Client(address, timeout=60) as c:
+            outcomes: list[str] = []
+            hints: list[str] = []
+
+            def one(i: int) -> None:
+                try:
+                    c.complete([5 + i] * 40, max_tokens=24, temperature=0, ignore_eos=True)
+                    outcomes.append("ok")
+                except grpc.RpcError as exc:
+                    outcomes.append(exc.code().name)
+                    hints.extend(v for k, v in (exc.trailing_metadata() or ()) if k == "retry-after-ms")
+                    assert "at capacity" in exc.details()
+
+            with ThreadPoolExecutor(12) as pool:
+                list(pool.map(one, range(12)))
+    assert set(outcomes) <= {"ok", "RESOURCE_EXHAUSTED"}
+    assert outcomes.count("ok") >= 4 and "RESOURCE_EXHAUSTED" in outcomes
+    assert hints and all(h == "1000" for h in hints)
+    wait_idle(mesh)
+
+
+def test_a_prefill_slower_than_the_lease_still_completes(mesh: Mesh, tmp_path: Path, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    # The decode reservation's lease is 300 ms; this prefill worker starts every KV write
+    # 1.2 s late (the fault wrapper around real NIXL), as a long prefill queue would. The
+    # router renews the lease while it waits, so every request completes, exactly.
+    ref: HFReference = hf_refs["llama"]
+    rng = random.Random(61)
+    prompts = [[rng.randrange(5, 1000) for _ in range(70)] for _ in range(4)]
+    slow = ["prefill", "--model", mesh.spec.model, "--worker-id", "prefill-slow", "--dtype", "float32",
+            "--num-blocks", "256", "--block-size", "16"]
+    with extra_process(tmp_path, "prefill-slow", slow, {"PDMESH_FAULT_TRANSFER_DELAY_S": "1.2"}) as p_addr, \
+            extra_router(mesh, tmp_path, "--lease-ms", "300", prefill=[p_addr]) as address, \
+            Client(address, timeout=120) as c:
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: c.complete(p, max_tokens=4, temperature=0), prompts))
+    assert [o.token_ids for o in outs] == [ref.greedy(p, 4) for p in prompts]
+    wait_idle(mesh)
+
+
+def test_a_huge_text_prompt_is_refused_at_once_while_other_streams_flow(mesh: Mesh, client: Client) -> None:
+    gaps: list[float] = []
+
+    def stream() -> None:
+        last = time.monotonic()
+        for _ in client.generate([7] * 20, max_tokens=120, temperature=0, ignore_eos=True):
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        client.complete("x" * (40 * 2**20), max_tokens=4)
+    refused_in = time.monotonic() - started
+    t.join(60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cannot fit" in err.value.details()
+    assert refused_in < 1.0, refused_in
+    assert len(gaps) == 120 and max(gaps[1:]) < 1.0
+
+
+def _raw_call(address: str, payload: bytes) -> grpc.StatusCode:
+    with grpc.insecure_channel(address) as ch:
+        call = ch.unary_stream("/pdmesh.v1.Generation/Generate", request_serializer=None,
+                               response_deserializer=None)
+        try:
+            for _ in call(payload, timeout=30):
+                pass
+            return grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            return exc.code()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(payload=st.binary(max_size=200))
+def test_fuzzed_bytes_never_get_unknown_or_internal(mesh: Mesh, payload: bytes) -> None:
+    assert _raw_call(mesh.router_address, payload) in ALLOWED
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=st.text(max_size=40), ids=st.lists(st.integers(0, 2**32 - 1), max_size=8),
+       temperature=st.floats(allow_nan=True, allow_infinity=True, width=32),
+       top_p=st.floats(width=32), top_k=st.integers(-2**31, 2**31 - 1),
+       max_tokens=st.integers(0, 2**32 - 1), stop=st.lists(st.text(max_size=4), max_size=3),
+       seed=st.integers(-2**63, 2**63 - 1), use_text=st.booleans())
+def test_fuzzed_requests_never_get_unknown_or_internal(mesh: Mesh, text: str, ids: list[int], temperature: float,
+                                                      top_p: float, top_k: int, max_tokens: int, stop: list[str],
+                                                      seed: int, use_text: bool) -> None:
+    with Client(mesh.router_address, timeout=30) as c:
+        try:
+            c.complete(text if use_text else ids, temperature=temperature, top_p=top_p, top_k=top_k,
+                       max_tokens=min(max_tokens, 2), stop=stop, seed=seed)
+        except grpc.RpcError as exc:
+            assert exc.code() in ALLOWED, (exc.code(), exc.details())

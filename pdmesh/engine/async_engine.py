@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.engine.resume import Resume
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.request import RequestOutput
 from pdmesh.sampling_params import SamplingParams
@@ -52,6 +53,7 @@ class AsyncLLMEngine:
         params: SamplingParams | Mapping[str, Any] | None = None,
         request_id: str | None = None,
         hold_kv: bool = False,
+        resume: Resume | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream this request's outputs (deltas by default) until it finishes."""
         if not isinstance(params, SamplingParams):
@@ -60,7 +62,7 @@ class AsyncLLMEngine:
         checked = params
 
         def start() -> None:
-            self.engine.add_request(rid, prompt, checked, hold_kv=hold_kv)
+            self.engine.add_request(rid, prompt, checked, hold_kv=hold_kv, resume=resume)
 
         async for out in self.stream(rid, start):
             yield out

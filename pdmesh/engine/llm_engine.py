@@ -22,6 +22,7 @@ from pdmesh.engine.detokenizer import IncrementalDetokenizer
 from pdmesh.engine.handoff import KVHandoff
 from pdmesh.engine.model_runner import ModelRunner, kv_block_bytes
 from pdmesh.engine.output import RequestState, _Cursor
+from pdmesh.engine.resume import Resume
 from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
@@ -94,14 +95,22 @@ class LLMEngine:
         params: SamplingParams | Mapping[str, Any] | None = None,
         arrival_time: float | None = None,
         hold_kv: bool = False,
+        resume: Resume | None = None,
     ) -> None:
         """Queue a request; raises ``InvalidRequestError`` naming the offending field.
 
         ``hold_kv`` keeps the request's blocks when it finishes, until
-        ``handoff.release`` (a prefill worker writing them to a decode worker).
+        ``handoff.release`` (a prefill worker writing them to a decode worker). ``resume``
+        continues a request another worker started (see ``Resume``).
         """
         state = self.admit(request_id, prompt, params, arrival_time)
         state.hold_kv = hold_kv
+        if resume is not None:
+            try:
+                resume.apply(state, self.model_config.vocab_size, self.config.device)
+            except InvalidRequestError:
+                self.forget(request_id)
+                raise
         self.scheduler.add(state.seqs[0])
 
     def admit(

@@ -14,11 +14,17 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 
 
-def reserve_request(rid: str, ids: list[int], params: SamplingParams, lease_ms: int) -> worker_pb2.ReserveRequest:
-    return worker_pb2.ReserveRequest(
+def reserve_request(rid: str, ids: list[int], params: SamplingParams, lease_ms: int,
+                    resume: tuple[list[int], int] | None = None) -> worker_pb2.ReserveRequest:
+    """``resume``: (tokens already streamed, characters of their text streamed)."""
+    msg = worker_pb2.ReserveRequest(
         request_id=rid, prompt_token_ids=ids, sampling=sampling_to_proto(params),
         cache_salt=params.cache_salt or "", lease_ms=lease_ms,
     )
+    if resume is not None:
+        msg.resume_token_ids.extend(resume[0])
+        msg.resume_text_chars = resume[1]
+    return msg
 
 
 def prefill_request(rid: str, ids: list[int], params: SamplingParams, handle: Any) -> worker_pb2.PrefillRequest:

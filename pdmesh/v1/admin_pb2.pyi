@@ -36,7 +36,7 @@ class RouterStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterStatsResponse(_message.Message):
-    __slots__ = ("decisions", "local_prefills", "index_fallbacks", "prefill_retries")
+    __slots__ = ("decisions", "local_prefills", "index_fallbacks", "prefill_retries", "decode_migrations", "refused")
     class DecisionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,8 +48,12 @@ class RouterStatsResponse(_message.Message):
     LOCAL_PREFILLS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_MIGRATIONS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.ScalarMap[str, int]
     local_prefills: int
     index_fallbacks: int
     prefill_retries: int
-    def __init__(self, decisions: _Optional[_Mapping[str, int]] = ..., local_prefills: _Optional[int] = ..., index_fallbacks: _Optional[int] = ..., prefill_retries: _Optional[int] = ...) -> None: ...
+    decode_migrations: int
+    refused: int
+    def __init__(self, decisions: _Optional[_Mapping[str, int]] = ..., local_prefills: _Optional[int] = ..., index_fallbacks: _Optional[int] = ..., prefill_retries: _Optional[int] = ..., decode_migrations: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...

@@ -11,7 +11,8 @@ Request lifecycle (the states are the engine sequence's status and one ``Reserva
                   request joins continuous batching; tokens stream back; a caller that goes
                   away aborts it;
   4. finished   — blocks are freed; the prompt's blocks stay as prefix cache.
-``GenerateLocal`` skips 1–2: this worker prefills the prompt itself.
+``GenerateLocal`` skips 1–2: this worker prefills the prompt itself (and, with resume
+tokens, continues a request another decode worker lost mid-stream).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pdmesh.rpc.convert import (
     response_from_output,
     sampling_from_proto,
 )
+from pdmesh.engine.resume import Resume
 from pdmesh.mesh_types import KvDestination
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
@@ -128,7 +130,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         params = self._params(request)
         span = tracing.start_span("decode.local", tracing.incoming(context), request_id=request.request_id,
                                   prompt_tokens=len(request.prompt_token_ids))
-        stream = self.core.aeng.generate(list(request.prompt_token_ids), params, request.request_id)
+        resume = None
+        if request.resume_token_ids:
+            resume = Resume(tuple(request.resume_token_ids), request.resume_text_chars)
+            span.set_attribute("pdmesh.resumed_tokens", len(resume.token_ids))
+        stream = self.core.aeng.generate(list(request.prompt_token_ids), params, request.request_id,
+                                         resume=resume)
         try:
             async for resp in self._relay(request.request_id, stream, span):
                 yield resp

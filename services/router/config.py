@@ -45,6 +45,8 @@ class RouterConfig(MeshContract, ServerConfig):
     down_after_failures: int = 3
     """A worker is marked down after this many Info failures in a row (a busy worker's
     slow answer must not flap it); a call that finds it unreachable marks it at once."""
+    max_migrations: int = 3
+    """Times one request may move to another decode worker after its worker failed."""
     max_in_flight: int = 2048
     """Requests the router serves at once; more wait in a queue."""
     max_queued: int = 8192

@@ -55,6 +55,8 @@ class RouterCore:
         self.local_prefills = 0
         self.index_fallbacks = 0
         self.prefill_retries = 0
+        self.migrations = 0
+        """Requests moved to another decode worker mid-stream."""
         self.flows: dict[str, Completions] = {}
         """request id -> its live completions (what ``Abort`` reaches)."""
         self.recent = RecentRoutes()
@@ -184,8 +186,8 @@ class RouterCore:
             return "no healthy prefill worker (disaggregation=strict)"
         return ""
 
-    def route_decode(self) -> WorkerHandle:
-        candidates = self.workers.healthy("decode")
+    def route_decode(self, exclude: set[str] | frozenset[str] = frozenset()) -> WorkerHandle:
+        candidates = [w for w in self.workers.healthy("decode") if w.worker_id not in exclude]
         if not candidates:
             raise UnavailableError("no healthy decode worker; retry later")
         return self.decode_policy.choose(candidates, RouteContext([], b"", None, self.cfg.block_size)).worker

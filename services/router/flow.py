@@ -9,7 +9,10 @@ Lifecycle (the methods below, in this order):
   3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token;
                 if it is unreachable the reservation is released, the worker marked down
                 and the next attempt routes to another (at most ``PREFILL_ATTEMPTS``);
-  4. decode   — the decode worker's stream is relayed to the caller;
+  4. decode   — the decode worker's stream is relayed to the caller; if that worker fails
+                mid-stream, the request migrates: another decode worker continues it from
+                the tokens already streamed (``GenerateLocal`` with resume tokens), so the
+                caller sees no gap and no repeat (at most ``max_migrations`` times);
   5. release  — in-flight counts drop. A caller that leaves, or ``abort()``, cancels the
                 flow's current call; every worker frees the request's blocks.
 """
@@ -40,8 +43,13 @@ if TYPE_CHECKING:
     from services.router.core import RouterCore
 
 log = logging.getLogger(__name__)
-PREFILL_ATTEMPTS = 2
-"""A prefill worker that is unreachable is retried once on another."""
+PREFILL_ATTEMPTS = 3
+"""Routing attempts before the stream starts: an unreachable prefill worker, or a decode
+worker that is unreachable, full or loses the KV write, sends the request to another."""
+MIGRATE_ON = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN,
+                        grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED})
+"""Decode stream failures that move the request to another decode worker (the worker
+died, drained, lost its KV); the caller's own cancel never reaches here as one of them."""
 
 
 @dataclass(eq=False)
@@ -63,6 +71,11 @@ class RequestFlow:
     """The downstream gRPC call in progress (what ``abort`` cancels)."""
     aborted: bool = False
     metadata: Any = None
+    streamed_tokens: list[int] = field(default_factory=list)
+    """Tokens relayed to the caller so far (what a migration resumes from)."""
+    streamed_chars: int = 0
+    failed_decode: set[str] = field(default_factory=set)
+    """Decode workers that failed this request mid-stream."""
 
     def _decode(self) -> WorkerHandle:
         if self.decode is None:
@@ -126,7 +139,7 @@ class RequestFlow:
             for _ in range(PREFILL_ATTEMPTS):
                 local = await self.route()
                 if local:
-                    async for resp in self._relay(decode_stub(self.decode.address).GenerateLocal(
+                    async for resp in self._decoded(decode_stub(self.decode.address).GenerateLocal(
                         self._reserve_msg(), metadata=self.metadata, timeout=self.left())):
                         yield resp
                     return
@@ -135,7 +148,9 @@ class RequestFlow:
                     async for resp in self.decode_stream(*first):
                         yield resp
                     return
-            raise UnavailableError(f"prefill failed on {sorted(self.tried)}; retry later")
+            raise UnavailableError(
+                f"no worker took the request in {PREFILL_ATTEMPTS} attempts (prefill workers that "
+                f"failed: {sorted(self.tried)}, decode: {sorted(self.failed_decode)}); retry later")
         finally:
             self.decode.release()
 
@@ -164,13 +179,20 @@ class RequestFlow:
 
     async def reserve_and_prefill(self) -> tuple[Any, Any] | None:
         """Reserve on the decode worker, prefill on the chosen one: ``(response, handle)``,
-        or None when the prefill worker was unreachable (the reservation is released)."""
+        or None to try again: the prefill worker was unreachable (marked down), or the
+        decode worker was (replaced by another); the reservation is released either way."""
         choice = self.prefill
         if choice is None:
             raise RuntimeError(f"{self.request_id}: prefill before a prefill worker was chosen")
         d_stub = decode_stub(self._decode().address)
-        handle = await self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
-                                                  timeout=self.left()))
+        try:
+            handle = await self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
+                                                      timeout=self.left()))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise
+            self._replace_decode(exc, "reserve")  # dead, or full: the next decode worker
+            return None
         prefill = choice.worker
         prefill.acquire()
         renewing = asyncio.create_task(self._renew_lease(d_stub))
@@ -181,6 +203,9 @@ class RequestFlow:
             ))
         except grpc.aio.AioRpcError as exc:
             await self.release(d_stub)
+            if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
+                self._replace_decode(exc, "kv transfer")
+                return None
             if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
             self.core.workers.mark_down(prefill)
@@ -216,8 +241,49 @@ class RequestFlow:
             messages.decode_request(self.request_id, prefill_response, handle),
             metadata=self.metadata, timeout=self.left(),
         )
-        async for resp in self._relay(call):
+        async for resp in self._decoded(call):
             yield resp
+
+    async def _decoded(self, call: Any) -> AsyncIterator[Any]:
+        """Relay a decode stream; when its worker fails mid-stream, continue on another."""
+        migrations = 0
+        while True:
+            try:
+                async for resp in self._relay(call):
+                    self.streamed_tokens.extend(resp.token_ids)
+                    self.streamed_chars += len(resp.text)
+                    yield resp
+                return
+            except grpc.aio.AioRpcError as exc:
+                if (exc.code() not in MIGRATE_ON or self.aborted
+                        or migrations >= self.core.cfg.max_migrations):
+                    raise
+                migrations += 1
+                call = self._migrate(exc)
+
+    def _replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
+        """Leave a decode worker that failed this request (marked down unless it was only
+        full) for another healthy one; UNAVAILABLE when none is left."""
+        core, failed = self.core, self._decode()
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            core.workers.mark_down(failed)
+        self.failed_decode.add(failed.worker_id)
+        replacement = core.route_decode(exclude=self.failed_decode)  # UNAVAILABLE if none
+        failed.release()
+        self.decode = replacement
+        replacement.acquire()
+        log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s",
+                    failed.worker_id, stage, exc.code().name, self.request_id, len(self.streamed_tokens),
+                    self.decode.worker_id)
+
+    def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
+        """Mark the failed decode worker down and resume the request on another."""
+        core = self.core
+        self._replace_decode(exc, "mid-stream")
+        core.migrations += 1
+        msg = messages.reserve_request(self.request_id, self.prompt, self.params, core.cfg.lease_ms,
+                                       (self.streamed_tokens, self.streamed_chars))
+        return decode_stub(self.decode.address).GenerateLocal(msg, metadata=self.metadata, timeout=self.left())
 
     async def release(self, stub: Any) -> None:
         """Give the decode reservation back (shielded: it must happen even when cancelled)."""

@@ -23,6 +23,8 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
          core.index_fallbacks, {}),
         ("counter", "pdmesh_prefill_retries", "Requests retried on another prefill worker",
          core.prefill_retries, {}),
+        ("counter", "pdmesh_decode_migrations", "Requests continued on another decode worker mid-stream",
+         core.migrations, {}),
         ("gauge", "pdmesh_index_staleness_seconds", "Seconds since the index last answered",
          time.monotonic() - core.index_ok_at if core.index is not None else 0.0, {}),
         ("gauge", "pdmesh_requests_in_flight", "Requests the router is serving", len(core.flows), {}),

@@ -91,6 +91,7 @@ class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
         return admin_pb2.RouterStatsResponse(
             decisions=dict(c.decisions), local_prefills=c.local_prefills,
             index_fallbacks=c.index_fallbacks, prefill_retries=c.prefill_retries,
+            decode_migrations=c.migrations, refused=c.admission.refused,
         )
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from pdmesh.errors import CapacityError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.free_queue import KVBlock
-from pdmesh.request import Sequence, SeqStatus, TokenLogprob
+from pdmesh.request import SeqStatus, Sequence, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -31,10 +31,9 @@ from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
 from pdmesh.kv.kv_cache_manager import KVCacheManager
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.loader import load_model
-from pdmesh.request import RequestMetrics, RequestOutput, Sequence, SeqStatus
+from pdmesh.request import RequestMetrics, RequestOutput, SeqStatus, Sequence
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.tokenizer import Tokenizer
-
 
 
 class LLMEngine:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pdmesh.config import SchedulerConfig
 from pdmesh.errors import UnknownRequestError
 from pdmesh.kv.kv_cache_manager import BlockCopy, KVCacheManager
-from pdmesh.request import Sequence, SeqStatus
+from pdmesh.request import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

@@ -6,9 +6,12 @@ the model stack.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -28,6 +31,15 @@ def write_port_file(path: str, port: int) -> None:
         tmp = Path(path + ".tmp")
         tmp.write_text(str(port))
         tmp.replace(path)
+
+
+async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel background tasks and wait until each has finished unwinding."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def now_ms() -> int:

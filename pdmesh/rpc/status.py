@@ -16,7 +16,6 @@ from pdmesh.errors import (
     UnsupportedModelError,
 )
 
-
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (UnsupportedModelError, grpc.StatusCode.INVALID_ARGUMENT),

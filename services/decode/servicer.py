@@ -24,14 +24,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from pdmesh.engine.resume import Resume
+from pdmesh.mesh_types import KvDestination
 from pdmesh.rpc.convert import (
     destination_to_proto,
     logprob_from_proto,
     response_from_output,
     sampling_from_proto,
 )
-from pdmesh.engine.resume import Resume
-from pdmesh.mesh_types import KvDestination
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry
 
-from pdmesh.rpc.process import advertised, write_port_file
+from pdmesh.rpc.process import advertised, cancel_all, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
@@ -63,10 +62,7 @@ async def serve(cfg: KVStoreConfig) -> None:
     print(f"pdmesh kvstore {cfg.worker_id} ready on {address} ({pool.store.capacity} blocks)", flush=True)
 
     async def stop() -> None:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(tasks)
         pool.close()
 
     await serve_until_signal(server, health_servicer, NAMES, cfg.drain_grace_s, stop)

@@ -27,7 +27,11 @@ import grpc
 
 from pdmesh.mesh_types import KvDestination
 from pdmesh.request import RequestOutput
-from pdmesh.rpc.convert import destination_from_proto, logprob_to_proto, sampling_from_proto
+from pdmesh.rpc.convert import (
+    destination_from_proto,
+    logprob_to_proto,
+    sampling_from_proto,
+)
 from pdmesh.rpc.process import remaining
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 
 import grpc
 from grpc_health.v1 import health
 
-from pdmesh.rpc.process import advertised, write_port_file
+from pdmesh.rpc.process import advertised, cancel_all, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import serve_metrics
@@ -38,11 +37,12 @@ async def serve(cfg: RouterConfig) -> None:
     await server.start()
     http = None
     if cfg.http_port >= 0:
-        from services.router.http.server import HTTPFront, write_http_port_file
+        from services.router.http.server import HTTPFront
 
         http = HTTPFront(core, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""))
         http_port = await http.start()
-        write_http_port_file(cfg.port_file, http_port)
+        if cfg.port_file:
+            write_port_file(cfg.port_file + ".http", http_port)
         print(f"pdmesh router HTTP API on http://{cfg.host}:{http_port}", flush=True)
     serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
     write_port_file(cfg.port_file, port)
@@ -50,9 +50,7 @@ async def serve(cfg: RouterConfig) -> None:
     print(f"pdmesh router ready on {advertised(cfg.advertise_address, cfg.host, port)}", flush=True)
 
     async def stop() -> None:
-        refresher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refresher
+        await cancel_all([refresher])
 
     await serve_until_signal(server, health_servicer, servicer.SERVICES, cfg.drain_grace_s, stop,
                              http.stop if http is not None else None)

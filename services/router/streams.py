@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import TypeVar
+
+from pdmesh.rpc.process import cancel_all
 
 T = TypeVar("T")
 _DONE = object()
@@ -41,8 +42,4 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
             else:
                 yield i, item  # type: ignore[misc]
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(tasks)

@@ -8,7 +8,6 @@ role's own (``services/prefill/server.py``, ``services/decode/server.py`` say wh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health
 
-from pdmesh.rpc.process import write_port_file
+from pdmesh.rpc.process import cancel_all, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import serve_metrics
@@ -62,10 +61,7 @@ async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
     print(f"pdmesh {cfg.role} {core.worker_id} ready on {core.address}", flush=True)
 
     async def stop_background() -> None:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(tasks)
         await core.aeng.shutdown()
 
     await serve_until_signal(server, ws.health, names, cfg.drain_grace_s, stop_background)

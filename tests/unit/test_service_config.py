@@ -6,8 +6,8 @@ import pytest
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.service_config import load_config
-from services.worker.config import WorkerConfig
 from services.router.config import RouterConfig
+from services.worker.config import WorkerConfig
 
 
 def test_yaml_then_env_then_flags(tmp_path: Path) -> None:

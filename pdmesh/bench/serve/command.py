@@ -12,8 +12,8 @@ import argparse
 import asyncio
 import json
 import urllib.request
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pdmesh.bench.serve import report, servers

@@ -13,7 +13,6 @@ import uuid
 from typing import Any
 
 import grpc
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse

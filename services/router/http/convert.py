@@ -9,7 +9,11 @@ from pdmesh.errors import InvalidRequestError
 from pdmesh.sampling_params import SamplingParams
 from services.router.core import RouterCore
 from services.router.http.errors import HTTPError
-from services.router.http.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from services.router.http.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
 
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
            "repetition_penalty", "min_tokens", "ignore_eos", "include_stop_str_in_output", "priority")

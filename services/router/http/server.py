@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import uvicorn
 
@@ -48,9 +47,3 @@ class HTTPFront:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
-
-def write_http_port_file(port_file: str, port: int) -> None:
-    if port_file:
-        tmp = Path(port_file + ".http.tmp")
-        tmp.write_text(str(port))
-        tmp.replace(port_file + ".http")

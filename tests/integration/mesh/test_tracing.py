@@ -9,7 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import (
+    trace_service_pb2,
+    trace_service_pb2_grpc,
+)
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec

@@ -3,7 +3,7 @@ from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.kv_cache_manager import KVCacheManager
-from pdmesh.request import Sequence, SeqStatus
+from pdmesh.request import SeqStatus, Sequence
 from pdmesh.sampling_params import SamplingParams
 
 

@@ -85,7 +85,6 @@ def test_recent_routes_predict_the_prefix_before_the_index_knows() -> None:
 
 def test_load_ignores_a_queue_length_older_than_our_last_completion() -> None:
     import time
-
     from dataclasses import replace
 
     w = workers(1)[0]

@@ -13,6 +13,7 @@ import asyncio
 import json
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttft-slo", type=float, default=2.0, help="goodput SLO on TTFT, seconds (default: 2.0)")
     p.add_argument("--tpot-slo", type=float, default=0.2, help="goodput SLO on TPOT, seconds (default: 0.2)")
     p.add_argument("--seed", type=int, default=0, help="prompt and arrival seed (default: 0)")
+    p.add_argument("--fresh-prompts", action="store_true",
+                   help="draw new prompts for every run (targets that share one server must not hit "
+                        "each other's prefix cache); default: the same prompts for every run")
     p.add_argument("--vocab", type=int, default=None, help="token ids are drawn below this (default: the model's)")
     p.add_argument("--api-key", default="", help="bearer token for HTTP targets (default: none)")
     p.add_argument("--out", default="bench-results/serve", help="folder for serve.json and PNGs (default: %(default)s)")
@@ -97,13 +101,16 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
     specs = [args.target] + ([args.compare] if args.compare else [])
     rows: list[dict[str, Any]] = []
     records: dict[str, list[Record]] = {}
+    runs = 0
     for rate in args.rate:
         arrivals = Arrivals(rate, args.burstiness, args.max_concurrency, args.seed)
         for rnd in range(args.rounds):
             for target_spec in specs:
+                run_spec = replace(spec, seed=spec.seed + 1000 * runs) if args.fresh_prompts else spec
+                runs += 1
                 started = _start(target_spec, args)
                 try:
-                    recs, seconds = asyncio.run(_measure(lambda: _target(started, args), spec, arrivals,
+                    recs, seconds = asyncio.run(_measure(lambda: _target(started, args), run_spec, arrivals,
                                                          not args.no_progress))
                 finally:
                     started.stop()  # type: ignore[operator]

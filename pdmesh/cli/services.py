@@ -96,6 +96,9 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                          "(default: fallback_local)")
     up.add_argument("--local-prefill-tokens", default=None,
                     help="prompts with fewer uncached tokens prefill on the decode worker (default: 0 = never)")
+    up.add_argument("--prefill-busy-requests", default=None,
+                    help="prefill on the decode worker when the prefill worker already has this many "
+                         "of the router's prefills (default: 0 = never)")
 
 
 def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -114,13 +117,14 @@ def run_up(args: argparse.Namespace) -> int:
     from pdmesh.launcher import Mesh, MeshSpec
 
     contract = _flags(args, ("dtype", "block_size", "hash_seed"))
+
     spec = MeshSpec(
         model=args.model, prefill=args.prefill, decode=args.decode, kvstore=args.kvstore,
         port=args.port, redis_url=args.redis_url or "", log_dir=args.log_dir or "",
         worker_args=contract + _flags(args, ("num_blocks", "kv_cache_memory_gb", "max_num_seqs",
                                              "max_num_batched_tokens", "threads")),
         router_args=contract + _flags(args, ("prefill_policy", "decode_policy", "disaggregation",
-                                             "local_prefill_tokens", "api_key")),
+                                             "local_prefill_tokens", "prefill_busy_requests", "api_key")),
         http_port=None if args.no_http else args.http_port,
     )
     stop = threading.Event()

@@ -29,6 +29,10 @@ class RouterConfig(MeshContract, ServerConfig):
     decode worker prefills itself, counted in RouterStats."""
     local_prefill_tokens: int = 0
     """Prompts with fewer uncached tokens than this prefill on the decode worker (0 = never)."""
+    prefill_busy_requests: int = 0
+    """Conditional disaggregation: when the chosen prefill worker already has this many of
+    this router's prefills in flight, prefill on the decode worker instead, so a prefill
+    burst uses the decode worker's cores too (0 = never)."""
     cache_weight: float = 1.0
     """cache_aware: value of one cached prompt token ..."""
     load_weight: float = 64.0

@@ -200,4 +200,6 @@ class RouterCore:
             return "no_prefill"
         if self.cfg.local_prefill_tokens and len(ids) - choice.cached_tokens < self.cfg.local_prefill_tokens:
             return "short_prompt"
+        if self.cfg.prefill_busy_requests and choice.worker.in_flight >= self.cfg.prefill_busy_requests:
+            return "prefill_busy"
         return ""

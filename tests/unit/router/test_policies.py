@@ -97,3 +97,20 @@ def test_load_ignores_a_queue_length_older_than_our_last_completion() -> None:
     assert w.load == 0
     w.info_at = time.monotonic()
     assert w.load == 1
+
+
+def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-def]
+    from services.router.config import RouterConfig
+    from services.router.core import RouterCore
+    from services.router.policies.base import Decision
+    from services.router.registry import Registry
+
+    cfg = RouterConfig(model=str(llama_dir), local_prefill_tokens=32, prefill_busy_requests=2)
+    core = RouterCore(cfg, Registry(cfg))
+    w = workers(1)[0]
+    long_prompt = list(range(100))
+    assert core.local_reason(Decision(w, "miss", 0), long_prompt) == ""
+    assert core.local_reason(Decision(w, "hit", 80), long_prompt) == "short_prompt"  # 20 uncached
+    w.in_flight = 2
+    assert core.local_reason(Decision(w, "miss", 0), long_prompt) == "prefill_busy"
+    assert core.local_reason(None, long_prompt) == "no_prefill"

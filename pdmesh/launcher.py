@@ -54,6 +54,8 @@ class Proc:
     log: Path | None = None
     metrics_address: str = ""
     """host:port of its Prometheus /metrics."""
+    args: list[str] = field(default_factory=list)
+    """The ``pdmesh`` command line it was started with (to restart it the same way)."""
 
 
 def redis_server_binary() -> str:
@@ -191,7 +193,25 @@ class Mesh:
             [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
             stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-        return Proc(name, popen, log=log_path)
+        return Proc(name, popen, log=log_path, args=args)
+
+    def respawn(self, proc: Proc) -> None:
+        """Start a process that died again, on the same port (peers keep its address), and
+        wait until it serves. Redis restarts empty; the workers republish what they hold."""
+        if proc is self.redis:
+            self.start_redis(self.redis_port)
+            return
+        port = proc.address.rsplit(":", 1)[-1] if proc.address else "0"
+        args = list(proc.args)
+        args[args.index("--port") + 1] = port
+        fresh = self._spawn(proc.name, args)
+        fresh.address = proc.address
+        proc.popen, proc.log = fresh.popen, fresh.log
+        proc.address = ""
+        self._await_ready(proc)
+
+    def processes(self) -> list[Proc]:
+        return [p for p in [self.redis, *self.kvstore, *self.prefill, *self.decode, self.router] if p is not None]
 
     def _await_ready(self, proc: Proc) -> None:
         port_file = self.log_dir / f"{proc.name}.port"

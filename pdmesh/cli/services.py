@@ -71,6 +71,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
     up.add_argument("--http-port", type=int, default=8000,
                     help="the router's OpenAI-compatible HTTP API; 0 = any free port (default: 8000)")
     up.add_argument("--no-http", action="store_true", help="serve gRPC only")
+    up.add_argument("--no-restart", action="store_true",
+                    help="leave a process that dies dead (default: restart it, with back-off)")
     up.add_argument("--api-key", default=None,
                     help="bearer token the HTTP API requires (default: PDMESH_API_KEY, else none)")
     up.add_argument("--redis-url", default=None, help="use this Redis instead of a private one (default: unset)")
@@ -115,6 +117,7 @@ def run_up(args: argparse.Namespace) -> int:
     import threading
 
     from pdmesh.launcher import Mesh, MeshSpec
+    from pdmesh.supervisor import Supervisor
 
     contract = _flags(args, ("dtype", "block_size", "hash_seed"))
 
@@ -145,7 +148,10 @@ def run_up(args: argparse.Namespace) -> int:
             if spec.http_port is not None:
                 Path(args.ready_file + ".http").write_text(mesh.http_url)
             Path(args.ready_file).write_text(mesh.router_address)
-        stop.wait()
+        supervisor = None if args.no_restart else Supervisor(mesh)
+        while not stop.wait(1.0):
+            for line in supervisor.check() if supervisor is not None else []:
+                print(f"pdmesh up: {line}", flush=True)
         print("pdmesh up: draining and stopping", flush=True)
     finally:
         mesh.stop()

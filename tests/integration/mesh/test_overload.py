@@ -119,3 +119,47 @@ def test_fuzzed_requests_never_get_unknown_or_internal(mesh: Mesh, text: str, id
                        max_tokens=min(max_tokens, 2), stop=stop, seed=seed)
         except grpc.RpcError as exc:
             assert exc.code() in ALLOWED, (exc.code(), exc.details())
+
+
+def test_a_killed_router_leaves_no_block_on_the_workers(mesh: Mesh, tmp_path: Path) -> None:
+    started = threading.Event()
+
+    def stream(address: str) -> None:
+        with Client(address, timeout=60) as c:
+            try:
+                for n, _ in enumerate(c.generate([9] * 60, max_tokens=400, temperature=0, ignore_eos=True)):
+                    if n == 5:
+                        started.set()
+            except grpc.RpcError:
+                pass  # the router died under it
+
+    with extra_router(mesh, tmp_path) as address:
+        threads = [threading.Thread(target=stream, args=(address,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        assert started.wait(30)
+        router = next(p for p in _children() if "router2.port" in p[1])
+        import os
+        import signal
+
+        os.kill(router[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_idle(mesh, timeout=5.0)
+        freed_in = time.monotonic() - killed_at
+        for t in threads:
+            t.join(30)
+    assert freed_in < 5.0
+
+
+def _children() -> list[tuple[int, str]]:
+    """(pid, command line) of this machine's processes (to find the router to kill)."""
+    import os
+
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                out.append((int(pid), open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()))
+            except OSError:
+                pass
+    return out

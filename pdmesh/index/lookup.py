@@ -38,8 +38,16 @@ return out
 
 
 class PrefixIndex:
-    def __init__(self, url: str, timeout: float = 0.25) -> None:
-        self.redis = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    """Lookups share a bounded pool of connections (a burst of requests waits for one
+    instead of opening thousands), each with a deadline sized for a loaded event loop: a
+    slow answer under load is not an unreachable Redis."""
+
+    def __init__(self, url: str, timeout: float = 2.0, max_connections: int = 32) -> None:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout,
+            socket_timeout=timeout, socket_connect_timeout=min(timeout, 1.0),
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
         self._script = self.redis.register_script(_LONGEST_PREFIX)
 
     async def longest_prefix(self, hashes: Sequence[BlockHash]) -> dict[tuple[str, str], int]:

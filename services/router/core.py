@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pdmesh.errors import InvalidRequestError, UnavailableError
 from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
@@ -61,7 +62,10 @@ class RouterCore:
         """request id -> its live completions (what ``Abort`` reaches)."""
         self.recent = RecentRoutes()
         self.admission = AdmissionGate(cfg.max_in_flight, cfg.max_queued)
-        self.index_ok_at = time.monotonic()
+        self.index_failing_since: float | None = None
+        """When lookups started failing (None while they succeed)."""
+        self.index_timeouts = 0
+        """Lookups that timed out (Redis slow, not down)."""
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, "router")
         self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))
@@ -165,11 +169,18 @@ class RouterCore:
             return None, 0
         try:
             found = await self.index.longest_prefix(hashes)
-            self.index_ok_at = time.monotonic()
+            self.index_failing_since = None
         except (RedisError, OSError) as exc:
+            # Only an unreachable Redis is "down" (consistent hashing); a slow answer under
+            # load is counted apart and routes on what the router itself remembers.
+            if (self.index_fallbacks + self.index_timeouts) % 100 == 0:
+                log.warning("prefix index lookup failed (%s)", exc)
+            if isinstance(exc, RedisTimeoutError | TimeoutError):
+                self.index_timeouts += 1
+                return dict(self.recent.depths(hashes)), 0
             self.index_fallbacks += 1
-            if self.index_fallbacks == 1 or self.index_fallbacks % 100 == 0:
-                log.warning("prefix index unreachable (%s): routing by consistent hash", exc)
+            if self.index_failing_since is None:
+                self.index_failing_since = time.monotonic()
             return None, 0
         epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
         matched = {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}

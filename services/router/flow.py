@@ -268,7 +268,12 @@ class RequestFlow:
         if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
             core.workers.mark_down(failed)
         self.failed_decode.add(failed.worker_id)
-        replacement = core.route_decode(exclude=self.failed_decode)  # UNAVAILABLE if none
+        try:
+            replacement = core.route_decode(exclude=self.failed_decode)
+        except UnavailableError:
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise exc from None  # every decode worker is full: "not now", with its retry hint
+            raise
         failed.release()
         self.decode = replacement
         replacement.acquire()

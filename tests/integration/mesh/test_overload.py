@@ -163,3 +163,40 @@ def _children() -> list[tuple[int, str]]:
             except OSError:
                 pass
     return out
+
+
+def test_3000_concurrent_streams_complete_or_are_told_to_retry(mesh: Mesh) -> None:
+    import asyncio
+    import resource
+
+    from pdmesh.client import AsyncClient
+    from pdmesh.v1 import admin_pb2, admin_pb2_grpc
+
+    async def run() -> list[str]:
+        async with AsyncClient(mesh.router_address, timeout=300) as c:
+            async def one(i: int) -> str:
+                try:
+                    async for _ in c.generate([5 + i % 900, 6, 7], max_tokens=4, temperature=0, ignore_eos=True):
+                        pass
+                    return "OK"
+                except grpc.aio.AioRpcError as exc:
+                    hint = dict(exc.trailing_metadata() or ()).get("retry-after-ms")
+                    return f"{exc.code().name}:{'hint' if hint else 'nohint'}"
+
+            return await asyncio.gather(*(one(i) for i in range(3000)))
+
+    admin = admin_pb2_grpc.MeshAdminStub(grpc.insecure_channel(mesh.router_address))
+    fallbacks_before = admin.RouterStats(admin_pb2.RouterStatsRequest(), timeout=5).index_fallbacks
+    started = time.monotonic()
+    outcomes = asyncio.run(run())
+    took = time.monotonic() - started
+    counts = {k: outcomes.count(k) for k in set(outcomes)}
+    print(f"3000 streams in {took:.1f}s: {counts}; client max RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
+    assert set(counts) <= {"OK", "RESOURCE_EXHAUSTED:hint"}, counts
+    assert counts.get("OK", 0) >= 1000
+    stats = admin.RouterStats(admin_pb2.RouterStatsRequest(), timeout=5)
+    assert stats.index_fallbacks == fallbacks_before  # Redis was healthy: never "index down"
+    workers = admin.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers
+    assert all(w.healthy for w in workers)
+    wait_idle(mesh)

@@ -18,6 +18,11 @@ from pdmesh.errors import InvalidRequestError
 OutputKind = Literal["cumulative", "delta", "final_only"]
 _MAX_LOGPROBS = 20
 _MAX_N = 64
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 512
+MAX_STOP_TOKEN_IDS = 1024
+MAX_CACHE_SALT_CHARS = 512
+"""Bounds on what one request may ask for, so no request makes a worker do unbounded work."""
 
 
 @dataclass(frozen=True)
@@ -99,11 +104,22 @@ class SamplingParams:
             _int_range("seed", self.seed, -(2**63), 2**63 - 1)
         _int_range("max_tokens", self.max_tokens, 1, None)
         _int_range("min_tokens", self.min_tokens, 0, self.max_tokens, "and <= max_tokens")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidRequestError("stop", f"every stop string must be non-empty, got {s!r}")
+            if len(s) > MAX_STOP_CHARS:
+                raise InvalidRequestError("stop", f"a stop string may have at most {MAX_STOP_CHARS} "
+                                          f"characters, got {len(s)}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, "
+                                      f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
             _int_range("stop_token_ids", t, 0, None)
+        if self.cache_salt is not None and len(self.cache_salt) > MAX_CACHE_SALT_CHARS:
+            raise InvalidRequestError("cache_salt", f"at most {MAX_CACHE_SALT_CHARS} characters, "
+                                      f"got {len(self.cache_salt)}")
         if self.logprobs is not None:
             _int_range("logprobs", self.logprobs, 0, _MAX_LOGPROBS)
         if self.output_kind not in ("cumulative", "delta", "final_only"):

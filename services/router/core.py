@@ -36,6 +36,7 @@ from services.router.recent import RecentRoutes
 from services.router.registry import Registry, WorkerHandle
 
 log = logging.getLogger(__name__)
+MAX_REQUEST_ID_CHARS = 256
 
 
 class RouterCore:
@@ -124,6 +125,9 @@ class RouterCore:
                        deadline: float, trace: Any = None) -> AsyncIterator[tuple[int, Any]]:
         """Run a validated request through the mesh: ``(completion index, GenerateResponse)``
         for each of its ``n`` completions, registered for ``Abort`` while it runs."""
+        if len(request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidRequestError("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters, "
+                                      f"got {len(request_id)}")
         if request_id in self.flows:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
         n, one = params.n, params.replace(n=1)

@@ -37,3 +37,20 @@ def test_each_bad_value_names_its_field_and_range(options: dict, field: str, nee
 def test_defaults_and_normalisation() -> None:
     p = SamplingParams.from_dict({"stop": "###", "top_k": -1, "temperature": 0})
     assert p.stop == ("###",) and p.top_k == 0 and p.greedy and p.max_stop_len == 3
+
+
+def test_request_sizes_are_bounded_with_the_limit_in_the_message() -> None:
+    import pytest
+
+    from pdmesh.errors import InvalidRequestError
+    from pdmesh.sampling_params import SamplingParams
+
+    for kwargs, field, limit in [
+        (dict(stop=tuple("s" + str(i) for i in range(33))), "stop", "at most 32"),
+        (dict(stop=("x" * 513,)), "stop", "at most 512"),
+        (dict(stop_token_ids=tuple(range(1025))), "stop_token_ids", "at most 1024"),
+        (dict(cache_salt="s" * 513), "cache_salt", "at most 512"),
+    ]:
+        with pytest.raises(InvalidRequestError, match=limit) as err:
+            SamplingParams(**kwargs)
+        assert err.value.field == field

@@ -20,7 +20,7 @@ class _Sampling(BaseModel):
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=128)
+    n: int = Field(default=1, ge=1)
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None

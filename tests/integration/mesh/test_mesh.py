@@ -110,6 +110,8 @@ def test_bad_requests_get_precise_statuses(client: Client) -> None:
         (dict(prompt="hi", top_p=3.0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
         (dict(prompt="hi", max_tokens=10**6), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
         (dict(prompt=[]), grpc.StatusCode.INVALID_ARGUMENT, "token_ids"),
+        (dict(prompt="hi", request_id="r" * 300), grpc.StatusCode.INVALID_ARGUMENT, "at most 256"),
+        (dict(prompt="hi", stop=["x" * 600]), grpc.StatusCode.INVALID_ARGUMENT, "at most 512"),
     ]
     for kwargs, code, needle in cases:
         with pytest.raises(grpc.RpcError) as err:

@@ -62,6 +62,12 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
                                                      "'Authorization: Bearer <key>'", code="invalid_api_key"))
         return await call_next(request)
 
+    _add_generation_routes(app, core)
+    _add_utility_routes(app, core)
+    return app
+
+
+def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
     async def run(gen: Generation, stream: bool) -> Response:
         items = gen.stream()
         try:  # the first token (or the first error) before any status goes out
@@ -105,6 +111,8 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
         gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs)
         return await run(gen, req.stream)
 
+
+def _add_utility_routes(app: FastAPI, core: RouterCore) -> None:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
@@ -139,5 +147,3 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(core.metrics), media_type=CONTENT_TYPE_LATEST)
-
-    return app

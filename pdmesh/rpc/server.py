@@ -129,10 +129,14 @@ def _wrap_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def create_server(
-    address: str, service_names: list[str]
+    address: str, service_names: list[str], max_receive_bytes: int = MAX_MESSAGE_BYTES
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """A bound (not started) server with health (NOT_SERVING) and reflection."""
-    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=SERVER_OPTIONS)
+    """A bound (not started) server with health (NOT_SERVING) and reflection. A request
+    larger than ``max_receive_bytes`` is refused by gRPC (RESOURCE_EXHAUSTED) before it is
+    read into memory."""
+    options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=options)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")

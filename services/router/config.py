@@ -51,6 +51,10 @@ class RouterConfig(MeshContract, ServerConfig):
     slow answer must not flap it); a call that finds it unreachable marks it at once."""
     max_migrations: int = 3
     """Times one request may move to another decode worker after its worker failed."""
+    max_request_mb: float = 8.0
+    """Largest request the public fronts read; larger ones are refused before they are
+    read into memory (gRPC RESOURCE_EXHAUSTED, HTTP 413). The default holds a prompt that
+    fills a 128k-token context."""
     max_in_flight: int = 2048
     """Requests the router serves at once; more wait in a queue."""
     max_queued: int = 8192

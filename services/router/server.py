@@ -19,7 +19,8 @@ from services.router.registry import Registry
 
 
 def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, RouterCore]:
-    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", servicer.SERVICES)
+    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", servicer.SERVICES,
+                                                       int(cfg.max_request_mb * 2**20))
     index = None
     if cfg.redis_url:
         from pdmesh.index.lookup import PrefixIndex

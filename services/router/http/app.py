@@ -54,8 +54,14 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     for kind in (HTTPError, PdmeshError, grpc.aio.AioRpcError, TimeoutError, Exception):
         app.add_exception_handler(kind, failed)  # type: ignore[arg-type]
 
+    limit = int(core.cfg.max_request_mb * 2**20)
+
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Any) -> Response:
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > limit:
+            return error_response(HTTPError(413, f"the body has {int(size)} bytes; at most {limit} "
+                                                 "(--max-request-mb) are read", code="request_too_large"))
         if api_key and request.url.path.startswith("/v1/"):
             if request.headers.get("authorization", "") != f"Bearer {api_key}":
                 return error_response(HTTPError(401, "missing or wrong API key: send "

@@ -33,7 +33,7 @@ _GRPC_STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.CANCELLED: 503,
 }
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
           429: "RateLimitError", 503: "ServiceUnavailableError", 504: "TimeoutError",
           500: "InternalServerError"}
 

@@ -73,6 +73,8 @@ def test_a_huge_text_prompt_is_refused_at_once_while_other_streams_flow(mesh: Me
             gaps.append(now - last)
             last = now
 
+    assert mesh.router is not None
+    rss_before = _rss_mib(mesh.router.popen.pid)
     t = threading.Thread(target=stream)
     t.start()
     time.sleep(0.5)
@@ -80,10 +82,26 @@ def test_a_huge_text_prompt_is_refused_at_once_while_other_streams_flow(mesh: Me
     with pytest.raises(grpc.RpcError) as err:
         client.complete("x" * (40 * 2**20), max_tokens=4)
     refused_in = time.monotonic() - started
+    # Under the size limit but beyond any context: refused before tokenizing.
+    with pytest.raises(grpc.RpcError) as too_long:
+        client.complete("y" * (4 * 2**20), max_tokens=4)
     t.join(60)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cannot fit" in err.value.details()
+    time.sleep(0.5)
+    rss_after = _rss_mib(mesh.router.popen.pid)
+    print(f"40 MB prompt refused in {refused_in * 1000:.0f} ms; router RSS {rss_before} -> {rss_after} MiB; "
+          f"largest token gap meanwhile {max(gaps[1:]) * 1000:.0f} ms")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+    assert too_long.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cannot fit" in too_long.value.details()
     assert refused_in < 1.0, refused_in
     assert len(gaps) == 120 and max(gaps[1:]) < 1.0
+    assert rss_after <= rss_before + 48, (rss_before, rss_after)  # the 40 MB never lands in the router
+
+
+def _rss_mib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError(f"no VmRSS for {pid}")
 
 
 def _raw_call(address: str, payload: bytes) -> grpc.StatusCode:
@@ -191,8 +209,10 @@ def test_3000_concurrent_streams_complete_or_are_told_to_retry(mesh: Mesh) -> No
     outcomes = asyncio.run(run())
     took = time.monotonic() - started
     counts = {k: outcomes.count(k) for k in set(outcomes)}
+    assert mesh.router is not None
     print(f"3000 streams in {took:.1f}s: {counts}; client max RSS "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB")
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB; router RSS "
+          f"{_rss_mib(mesh.router.popen.pid)} MiB after")
     assert set(counts) <= {"OK", "RESOURCE_EXHAUSTED:hint"}, counts
     assert counts.get("OK", 0) >= 1000
     stats = admin.RouterStats(admin_pb2.RouterStatsRequest(), timeout=5)

@@ -104,3 +104,9 @@ def test_streaming_requests_fail_before_the_stream_starts(llama_dir: Path, path:
     body |= {"prompt": "hi"} if "chat" not in path else {"messages": [{"role": "user", "content": "hi"}]}
     [(status, payload, _)] = run(llama_dir, [("POST", path, body, {})])
     assert status == 503 and payload["error"]["type"] == "ServiceUnavailableError"
+
+
+def test_a_body_beyond_the_limit_is_413_before_it_is_read(llama_dir: Path) -> None:
+    body = {"model": llama_dir.name, "prompt": "x" * (9 * 2**20)}
+    [(status, payload, _)] = run(llama_dir, [("POST", "/v1/completions", body, {})])
+    assert status == 413 and "max-request-mb" in payload["error"]["message"]

@@ -62,9 +62,10 @@ class RouterConfig(MeshContract, ServerConfig):
     retry-after hint."""
     request_timeout_s: float = 600.0
     """Deadline for requests that carry none."""
-    lease_ms: int = 30000
+    lease_ms: int = 10000
     """How long a decode worker holds a reservation whose KV has not arrived; the router
-    renews it every third of that while the request waits for its prefill."""
+    renews it every third of that while the request waits for its prefill, so this bounds
+    how long a dead router's unfinished reservations outlive it."""
     http_port: int = -1
     """OpenAI-compatible HTTP API on this port: -1 off, 0 any free port (written to
     {port_file}.http)."""

@@ -151,7 +151,9 @@ def test_a_killed_router_leaves_no_block_on_the_workers(mesh: Mesh, tmp_path: Pa
             except grpc.RpcError:
                 pass  # the router died under it
 
-    with extra_router(mesh, tmp_path) as address:
+    # Streams in progress end when the router's connection does; reservations it made but
+    # had not claimed yet end with their lease (renewed while the router lives): 3 s here.
+    with extra_router(mesh, tmp_path, "--lease-ms", "3000") as address:
         threads = [threading.Thread(target=stream, args=(address,)) for _ in range(4)]
         for t in threads:
             t.start()

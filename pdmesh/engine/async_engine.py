@@ -135,14 +135,13 @@ class AsyncLLMEngine:
         eng = self.engine
         while not self._stopping:
             self._apply_aborts()
-            ready = self.call(eng.take_ready_outputs)
-            if not eng.has_unfinished_requests():
-                self._post(self._dispatch, ready)
+            if not eng.has_unfinished_requests():  # a step would render these itself
+                self._post(self._dispatch, self.call(eng.take_ready_outputs))
                 self._work.wait()
                 self._work.clear()
                 continue
             try:
-                outputs = ready + eng.step()
+                outputs = eng.step()
             except Exception as exc:  # a broken step fails every stream, never hangs them
                 log.exception("engine step failed; failing the requests in flight")
                 self._post(self._fail_all, exc)

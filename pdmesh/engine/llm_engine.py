@@ -20,15 +20,17 @@ from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
 from pdmesh.engine.detokenizer import IncrementalDetokenizer
 from pdmesh.engine.handoff import KVHandoff
-from pdmesh.engine.model_runner import ModelRunner, kv_block_bytes
+from pdmesh.engine.model_runner import ModelRunner
 from pdmesh.engine.output import RequestState, _Cursor
 from pdmesh.engine.resume import Resume
 from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler
+from pdmesh.engine.stopping import finish_status
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
 from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
 from pdmesh.kv.kv_cache_manager import KVCacheManager
+from pdmesh.kv.layout import KVLayout
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.loader import load_model
 from pdmesh.request import RequestMetrics, RequestOutput, SeqStatus, Sequence
@@ -57,9 +59,8 @@ class LLMEngine:
         self.dtype = dtype
         cc = config.cache
         self.hasher = BlockHasher(cc.block_size, cc.hash_seed, cc.hash_algorithm)
-        num_blocks = cc.num_blocks or max(
-            1, int(cc.kv_cache_memory_gb * 2**30) // kv_block_bytes(cfg, cc.block_size, dtype)
-        )
+        layout = KVLayout.for_model(cfg, cc.block_size, str(dtype).removeprefix("torch."))
+        num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_memory_gb * 2**30) // layout.block_bytes)
         self.pool = BlockPool(num_blocks, cc.enable_prefix_caching)
         self.kv = KVCacheManager(self.pool, self.hasher)
         self.scheduler = Scheduler(config.scheduler, self.kv)
@@ -289,17 +290,7 @@ class LLMEngine:
             state.metrics.first_token_time = time.monotonic()
             state.metrics.num_cached_tokens = seq.num_cached_tokens
         stop_str = state.detoks[seq.index].add(token, seq.num_output_tokens >= p.min_tokens)
-        status = None
-        if seq.num_output_tokens >= p.min_tokens and (
-            token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
-        ):
-            status = SeqStatus.FINISHED_STOPPED
-            seq.stop_reason = token if token in p.stop_token_ids else None
-        elif stop_str is not None:
-            status = SeqStatus.FINISHED_STOPPED
-            seq.stop_reason = stop_str
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            status = SeqStatus.FINISHED_LENGTH
+        status = finish_status(seq, token, stop_str, self.eos_token_ids, self.max_model_len)
         if status is not None:
             self.scheduler.finish(seq, status, free=not state.hold_kv)
             if state.hold_kv:

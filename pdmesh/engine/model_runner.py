@@ -15,15 +15,10 @@ import torch
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq
 from pdmesh.engine.scheduler import ScheduledSeq, SchedulerOutput
 from pdmesh.kv.kv_cache_manager import KVCacheManager
+from pdmesh.kv.layout import KVLayout
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.llama import LlamaForCausalLM
 from pdmesh.request import Sequence
-
-
-def kv_block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block across all layers (K and V)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * elem
 
 
 @dataclass(slots=True)
@@ -61,11 +56,8 @@ class ModelRunner:
         self.kv = kv
         self.backend = backend
         self.device = torch.device(device)
-        self.kv_cache = torch.zeros(
-            (num_blocks, cfg.num_layers, 2, block_size, cfg.num_kv_heads, cfg.head_dim),
-            dtype=dtype,
-            device=self.device,
-        )
+        layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
+        self.kv_cache = torch.zeros((num_blocks, *layout.block_shape), dtype=dtype, device=self.device)
 
     def prepare(self, out: SchedulerOutput) -> PreparedStep:
         """Everything read from the block tables; needs the engine lock."""

@@ -20,7 +20,6 @@ Lifecycle (the methods below, in this order):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from pdmesh.rpc.convert import FINISH_NAMES
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
+from services.router import reservation
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
 
@@ -195,14 +195,15 @@ class RequestFlow:
             return None
         prefill = choice.worker
         prefill.acquire()
-        renewing = asyncio.create_task(self._renew_lease(d_stub))
+        renewing = asyncio.create_task(
+            reservation.keep_alive(d_stub, self.request_id, self.core.cfg.lease_ms))
         try:
             response = await self._start(prefill_stub(prefill.address).Prefill(
                 messages.prefill_request(self.request_id, self.prompt, self.params, handle),
                 metadata=self.metadata, timeout=self.left(),
             ))
         except grpc.aio.AioRpcError as exc:
-            await self.release(d_stub)
+            await reservation.give_back(d_stub, self.request_id)
             if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
                 self._replace_decode(exc, "kv transfer")
                 return None
@@ -215,26 +216,12 @@ class RequestFlow:
                         self.request_id, exc.details())
             return None
         except BaseException:
-            await self.release(d_stub)
+            await reservation.give_back(d_stub, self.request_id)
             raise
         finally:
             renewing.cancel()
             prefill.release()
         return response, handle
-
-    async def _renew_lease(self, d_stub: Any) -> None:
-        """Keep the decode reservation alive while the prefill waits in its queue: a long
-        queue must delay the request, not expire its reservation."""
-        every = self.core.cfg.lease_ms / 3000
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await d_stub.RenewLease(messages.renew_request(self.request_id, self.core.cfg.lease_ms),
-                                        timeout=min(5.0, every))
-            except grpc.aio.AioRpcError as exc:
-                log.warning("renewing the lease of %s failed: %s", self.request_id, exc.code().name)
-                if exc.code() == grpc.StatusCode.NOT_FOUND:
-                    return
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
         call = decode_stub(self._decode().address).Decode(
@@ -289,11 +276,6 @@ class RequestFlow:
         msg = messages.reserve_request(self.request_id, self.prompt, self.params, core.cfg.lease_ms,
                                        (self.streamed_tokens, self.streamed_chars))
         return decode_stub(self.decode.address).GenerateLocal(msg, metadata=self.metadata, timeout=self.left())
-
-    async def release(self, stub: Any) -> None:
-        """Give the decode reservation back (shielded: it must happen even when cancelled)."""
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-            await asyncio.shield(stub.Release(messages.release_request(self.request_id), timeout=5.0))
 
     # -- calls ------------------------------------------------------------------------
     def _reserve_msg(self) -> Any:

@@ -1,0 +1,35 @@
+"""What the router does with a decode worker's reservation besides using it: keep its
+lease alive while the prefill waits, and give it back when the request will not decode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import grpc
+
+from pdmesh.rpc import messages
+
+log = logging.getLogger(__name__)
+
+
+async def keep_alive(stub: Any, request_id: str, lease_ms: int) -> None:
+    """Renew every third of the lease until cancelled (or the reservation is gone): a long
+    prefill queue must delay the request, not expire its reservation."""
+    every = lease_ms / 3000
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await stub.RenewLease(messages.renew_request(request_id, lease_ms), timeout=min(5.0, every))
+        except grpc.aio.AioRpcError as exc:
+            log.warning("renewing the lease of %s failed: %s", request_id, exc.code().name)
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return
+
+
+async def give_back(stub: Any, request_id: str) -> None:
+    """Release the reservation (shielded: it must happen even when the caller is cancelled)."""
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+        await asyncio.shield(stub.Release(messages.release_request(request_id), timeout=5.0))

@@ -8,9 +8,12 @@ worker config, ``LLM(**kwargs)`` and the benches all build their ``EngineConfig`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
+from pdmesh.errors import InvalidRequestError
 from pdmesh.kv.block_hash import HashAlgorithm
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -45,6 +48,73 @@ class SchedulerConfig:
     """Cap on one sequence's prefill chunk per step (0 = the whole budget)."""
 
 
+SpecMethod = Literal["ngram", "draft_model"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding, under vLLM's names so a user's config carries over:
+    ``{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}`` or
+    ``{"method": "draft_model", "model": DIR, "num_speculative_tokens": 3}``."""
+
+    method: SpecMethod
+    """"ngram" (prompt lookup, no extra model) or "draft_model" (a small model, same tokenizer)."""
+    num_speculative_tokens: int = 3
+    """Draft tokens proposed per step (k); the target verifies k + 1 positions at once."""
+    prompt_lookup_max: int = 4
+    """ngram: the longest suffix of the context looked up earlier in it."""
+    prompt_lookup_min: int = 1
+    """ngram: the shortest suffix worth a lookup."""
+    model: str | None = None
+    """draft_model: the draft's Hugging Face folder (its vocabulary must be the target's)."""
+    disable_by_batch_size: int = 8
+    """Speculate only while fewer sequences than this are running: in a larger batch the
+    step is no longer dominated by per-step overhead and the verified drafts cost more than
+    they save (docs/performance.md, "Speculative decoding", measured the threshold)."""
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> InvalidRequestError:
+            return InvalidRequestError(f"speculative_config.{key}", why)
+
+        if self.method not in ("ngram", "draft_model"):
+            raise bad("method", f'must be "ngram" or "draft_model", got {self.method!r}')
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise bad("num_speculative_tokens", f"must be 1..16, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise bad("prompt_lookup_min", "must be >= 1 and <= prompt_lookup_max "
+                      f"(got {self.prompt_lookup_min} and {self.prompt_lookup_max})")
+        if self.disable_by_batch_size < 1:
+            raise bad("disable_by_batch_size", f"must be >= 1, got {self.disable_by_batch_size}")
+        if (self.method == "draft_model") != bool(self.model):
+            raise bad("model", 'a draft model folder is required for "draft_model" and only there')
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | Mapping[str, Any] | str | None) -> SpeculativeConfig | None:
+        """From a mapping or its JSON text (the ``--speculative-config`` flag); "" / None: off."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError("speculative_config", f"is not valid JSON: {exc}") from exc
+        if not isinstance(value, Mapping):
+            raise InvalidRequestError("speculative_config", "must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise InvalidRequestError(f"speculative_config.{unknown[0]}",
+                                      f"unknown key; known keys are {sorted(known)}")
+        if "method" not in value:
+            raise InvalidRequestError("speculative_config.method", "is required")
+        try:
+            return cls(**value)
+        except TypeError as exc:
+            raise InvalidRequestError("speculative_config", str(exc)) from exc
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything ``LLMEngine`` needs."""
@@ -62,6 +132,8 @@ class EngineConfig:
     """"auto": the fused C++ kernels on CPU ("cpu"), else "torch"."""
     num_threads: int | None = None
     """torch intra-op threads on CPU (None keeps torch's default)."""
+    speculative: SpeculativeConfig | None = None
+    """Speculative decoding; None decodes one token per step."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,12 +176,16 @@ class EngineArgs(MeshContract):
     """torch intra-op threads (0 = torch's default)."""
     attention_backend: AttentionBackendName = EngineConfig.attention_backend
     """Attention implementation; "auto" picks the best available for the device."""
+    speculative_config: dict[str, Any] | str | None = None
+    """Speculative decoding as JSON, vLLM's keys: {"method": "ngram", "num_speculative_tokens": 3}
+    or {"method": "draft_model", "model": DIR} (unset: off)."""
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model, dtype=self.dtype, device=self.device,
             max_model_len=self.max_model_len or None, num_threads=self.threads or None,
             attention_backend=self.attention_backend,
+            speculative=SpeculativeConfig.parse(self.speculative_config),
             cache=CacheConfig(
                 block_size=self.block_size, num_blocks=self.num_blocks or None,
                 kv_cache_memory_gb=self.kv_cache_memory_gb,

@@ -102,6 +102,12 @@ class Sequence:
     """True for the first sequence of an n > 1 request until it forks its siblings."""
     finish_reason: FinishReason | None = None
     """Why it finished; kept when the status moves on to FINISHED_KV_HELD."""
+    spec_token_ids: list[int] = field(default_factory=list)
+    """Draft tokens proposed for the next step (speculative decoding); never committed
+    until the target model verifies them."""
+    spec_draft_probs: Any = None
+    """The draft model's distributions [k, vocab] for sampled requests (None: the drafts
+    are deterministic, as n-gram lookup and greedy drafts are)."""
 
     def set_finished(self, status: SeqStatus) -> None:
         self.status = status
@@ -138,6 +144,22 @@ class RequestMetrics:
     finished_time: float | None = None
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache instead of computed."""
+    spec_draft_tokens: int = 0
+    """Speculative decoding: draft tokens the target verified."""
+    spec_accepted_tokens: int = 0
+    """Of those, how many were accepted."""
+    spec_steps: int = 0
+    """Verification steps (each emits the accepted drafts plus one token of the target's)."""
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else None
+
+    @property
+    def spec_mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verification step, the target's own token included (vLLM's
+        "mean acceptance length"): 1.0 means no draft was ever accepted."""
+        return 1 + self.spec_accepted_tokens / self.spec_steps if self.spec_steps else None
 
     @property
     def ttft(self) -> float | None:

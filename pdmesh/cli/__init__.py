@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pdmesh.cli.options import add_config_flags
 from pdmesh.cli.options import config_from_args as _service_config  # noqa: F401 (tests, deploy checks)
 from pdmesh.cli.services import add_up_flags, config_class, run_service, run_up
-from pdmesh.config import EngineArgs
+from pdmesh.config import EngineArgs, SpeculativeConfig
 from pdmesh.errors import PdmeshError
 
 _FORMAT = argparse.RawDescriptionHelpFormatter
@@ -43,6 +43,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.profile import run_profile as bench
         elif name == "serve":
             from pdmesh.bench.serve.command import run_serve as bench
+        elif name == "spec":
+            from pdmesh.bench.spec import run_spec_bench as bench
         else:
             from pdmesh.bench.tracing import run_tracing_bench as bench
         bench(args)
@@ -110,6 +112,22 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
 
     add_arguments(bserve)
     bserve.set_defaults(func=_bench("serve"))
+    bspec = bsub.add_parser("spec", help="speculative decoding (n-gram, draft model) vs none, in process")
+    bspec.add_argument("--model", required=True, help="Hugging Face model folder (required)")
+    bspec.add_argument("--draft-model", default=None, help="also measure this draft model (default: unset)")
+    bspec.add_argument("--dtype", default="float32", help="weights and KV dtype (default: float32)")
+    bspec.add_argument("--num-speculative-tokens", default="3", help="k, or several: 3,5 (default: 3)")
+    bspec.add_argument("--batches", default="1,4,16", help="batch sizes (default: 1,4,16)")
+    bspec.add_argument("--disable-by-batch-size", type=int, default=SpeculativeConfig.disable_by_batch_size,
+                       help="the auto switch-off threshold (default: %(default)s)")
+    bspec.add_argument("--input-len", type=int, default=256, help="prompt tokens (default: 256)")
+    bspec.add_argument("--output-len", type=int, default=128, help="tokens generated (default: 128)")
+    bspec.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per engine (default: 2048)")
+    bspec.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default (default: 0)")
+    bspec.add_argument("--rounds", type=int, default=3, help="alternating rounds, best counts (default: 3)")
+    bspec.add_argument("--out", default="bench-results/spec.json", help="JSON report; a PNG beside it (default: %(default)s)")
+    bspec.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    bspec.set_defaults(func=_bench("spec"))
     btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
     btr.add_argument("--requests", type=int, default=5000, help="requests to time (default: 5000)")
     btr.add_argument("--out", default="bench-results/tracing.json", help="JSON report (default: %(default)s)")

@@ -20,11 +20,12 @@ from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
 from pdmesh.engine.detokenizer import IncrementalDetokenizer
 from pdmesh.engine.handoff import KVHandoff
-from pdmesh.engine.model_runner import ModelRunner
+from pdmesh.engine.model_runner import ModelRunner, StepResult
 from pdmesh.engine.output import RequestState, _Cursor
 from pdmesh.engine.resume import Resume
 from pdmesh.engine.sampler import Sampler
-from pdmesh.engine.scheduler import Scheduler
+from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
+from pdmesh.engine.spec.speculator import Verified, build_speculator
 from pdmesh.engine.stopping import finish_status
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
@@ -75,6 +76,7 @@ class LLMEngine:
         )
         self.eos_token_ids = frozenset(eos)
         self.sampler = Sampler(tuple(eos))
+        self.speculator = build_speculator(config, cfg.vocab_size, num_blocks, self.max_model_len)
         self._requests: dict[str, RequestState] = {}
         self._to_render: dict[str, RequestState] = {}
         """Requests with output to emit that no model step produced (aborts, commits)."""
@@ -217,6 +219,8 @@ class LLMEngine:
         bookkeeping (reserve, commit, release, Info) from other threads never waits for a
         forward pass; aborts still happen between steps (they free blocks being written)."""
         with self.lock:
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler.running, self.sampler)
             sched = self.scheduler.schedule()
             prepared = self.runner.prepare(sched) if sched else None
         result = self.runner.forward(prepared) if prepared is not None else None
@@ -232,22 +236,24 @@ class LLMEngine:
         with self.lock:
             return self._finish_step(None, None)
 
-    def _finish_step(self, sched, result) -> list[RequestOutput]:  # type: ignore[no-untyped-def]
+    def _finish_step(self, sched: SchedulerOutput | None, result: StepResult | None) -> list[RequestOutput]:
         touched, self._to_render = self._to_render, {}
         if sched and result is not None:
             now = time.monotonic()
             for item in sched.scheduled:
+                if item.spec:  # only the committed token's KV counts until drafts are verified
+                    item.seq.num_computed_tokens = item.start + 1
                 self.kv.cache_blocks(item.seq)
-            rows, seqs = self._expand_forks(result.sampling)
-            logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
-            sampled = self.sampler(logits, seqs)
-            for item in sched.scheduled:
                 state = self._requests[item.seq.request_id]
                 if state.metrics.first_scheduled_time is None:
                     state.metrics.first_scheduled_time = now
-            for seq, token, lp in zip(seqs, sampled.token_ids, sampled.logprobs):
-                self._append(seq, token, lp)
+            rows, seqs, drafts = self._expand_forks(result)
+            logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
+            for seq, verified in zip(seqs, self._sample(logits, seqs, drafts)):
+                self._commit(seq, verified)
                 touched[seq.request_id] = self._requests[seq.request_id]
+        if self.speculator is not None:  # drop draft state of sequences that ended or aborted
+            self.speculator.retain(set(self.scheduler.live_seq_ids()))
         outputs = []
         for state in touched.values():
             if state.finished and not state.hold_kv:
@@ -257,15 +263,44 @@ class LLMEngine:
                 outputs.append(out)
         return outputs
 
-    def _expand_forks(self, sampling: list[Sequence]) -> tuple[torch.Tensor | None, list[Sequence]]:
-        """Fork the siblings of n > 1 requests whose prompt just finished; one row each."""
-        if not any(s.fork_pending for s in sampling):
-            return None, sampling
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> list[Verified]:
+        if self.speculator is not None and any(drafts):
+            return self.speculator.verify(self.sampler, logits, seqs, drafts)
+        sampled = self.sampler(logits, seqs)
+        return [Verified([t], [lp]) for t, lp in zip(sampled.token_ids, sampled.logprobs)]
+
+    def _commit(self, seq: Sequence, verified: Verified) -> None:
+        """Append the step's tokens up to the first that ends the sequence; keep the KV of
+        accepted drafts and free the slots of rejected ones."""
+        start = seq.num_tokens - 1
+        for token, lp in zip(verified.tokens, verified.logprobs):
+            self._append(seq, token, lp)
+            if seq.status.finished:
+                break
+        if verified.num_drafts:
+            m = self._requests[seq.request_id].metrics
+            m.spec_draft_tokens += verified.num_drafts
+            m.spec_accepted_tokens += verified.num_accepted
+            m.spec_steps += 1
+            if not seq.status.finished:
+                seq.num_computed_tokens = start + 1 + verified.num_accepted
+                self.kv.trim(seq, seq.num_computed_tokens)
+
+    def _expand_forks(self, result: StepResult) -> tuple[torch.Tensor | None, list[Sequence], list[list[int]]]:
+        """Fork the siblings of n > 1 requests whose prompt just finished (each gets its
+        parent's row), and list the logits rows of every sequence in order."""
+        if not any(s.fork_pending for s in result.sampling):
+            return None, result.sampling, result.drafts
         rows: list[int] = []
         seqs: list[Sequence] = []
-        for row, seq in enumerate(sampling):
-            rows.append(row)
+        drafts: list[list[int]] = []
+        row = 0
+        for seq, spec in zip(result.sampling, result.drafts):
+            span = list(range(row, row + len(spec) + 1))
+            row += len(span)
+            rows.extend(span)
             seqs.append(seq)
+            drafts.append(spec)
             if not seq.fork_pending:
                 continue
             seq.fork_pending = False
@@ -276,9 +311,10 @@ class LLMEngine:
                 child.num_cached_tokens = seq.num_cached_tokens
                 self.kv.fork(seq, child)
                 self.scheduler.add_running(child)
-                rows.append(row)
+                rows.extend(span)
                 seqs.append(child)
-        return torch.tensor(rows), seqs
+                drafts.append([])
+        return torch.tensor(rows), seqs, drafts
 
     def _append(self, seq: Sequence, token: int, lp: Any) -> None:
         state = self._requests[seq.request_id]

@@ -3,7 +3,9 @@
 The KV pool is one tensor ``[num_blocks, num_layers, 2, block_size, kv_heads, head_dim]``:
 one block across all layers is contiguous, so a block is a single NIXL descriptor when KV
 moves between workers. Decode sequences are placed first in the flattened batch so the
-attention backend can serve them in one batched call.
+attention backend can serve them in one batched call. A sequence verifying draft tokens
+is k + 1 decode rows sharing one block table, row ``i`` seeing ``start + i + 1`` tokens:
+the same kernel and arithmetic as k + 1 ordinary decode steps, in one forward pass.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from pdmesh.request import Sequence
 @dataclass(slots=True)
 class StepResult:
     logits: torch.Tensor
-    """Float32 [len(sampling), vocab]."""
+    """Float32, one row per sampled position: ``len(drafts[i]) + 1`` rows for sequence i."""
     sampling: list[Sequence]
     """The sequences whose next token these rows produce, in row order."""
+    drafts: list[list[int]]
+    """Per sampling sequence, the draft tokens this step verified (mostly empty)."""
 
 
 @dataclass(slots=True)
@@ -36,6 +40,7 @@ class PreparedStep:
     meta: AttentionMetadata
     logits_idx: torch.Tensor
     sampling: list[Sequence]
+    drafts: list[list[int]]
 
 
 class ModelRunner:
@@ -63,18 +68,19 @@ class ModelRunner:
         """Everything read from the block tables; needs the engine lock."""
         for copy in out.copies:
             self.kv_cache[copy.dst] = self.kv_cache[copy.src]
-        items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1)
+        items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1 and not s.spec)
         return PreparedStep(*self._prepare(items))
 
     def forward(self, step: PreparedStep) -> StepResult:
         """The model itself; touches only the blocks of scheduled sequences (no lock needed)."""
         logits = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend,
                             step.logits_idx)
-        return StepResult(logits, step.sampling)
+        return StepResult(logits, step.sampling, step.drafts)
 
     def _prepare(
         self, items: list[ScheduledSeq]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Sequence]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Sequence],
+               list[list[int]]]:
         bs = self.block_size
         dev = self.device
         ids: list[int] = []
@@ -82,6 +88,7 @@ class ModelRunner:
         slot_blocks: list[int] = []
         logits_idx: list[int] = []
         sampling: list[Sequence] = []
+        drafts: list[list[int]] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills: list[PrefillSeq] = []
@@ -89,12 +96,16 @@ class ModelRunner:
             seq, start, n = item.seq, item.start, item.num_new_tokens
             table = self.kv.block_ids(seq)
             q_start = len(ids)
-            ids.extend(seq.token_ids[start : start + n])
+            ids.extend(seq.token_ids[start : start + n - len(item.spec)])
+            ids.extend(item.spec)
             pos.extend(range(start, start + n))
             slot_blocks.extend(table[p // bs] for p in range(start, start + n))
-            if n == 1:
-                decode_tables.append(table)
-                decode_lens.append(start + 1)
+            if n == 1 or item.spec:
+                for i in range(n):
+                    decode_tables.append(table)
+                    decode_lens.append(start + i + 1)
+                if item.spec:
+                    logits_idx.extend(range(q_start, q_start + n - 1))
             else:
                 ctx = start + n
                 mask = None
@@ -108,6 +119,7 @@ class ModelRunner:
             if item.samples:
                 logits_idx.append(len(ids) - 1)
                 sampling.append(seq)
+                drafts.append(item.spec)
         positions = torch.tensor(pos, device=dev)
         meta = AttentionMetadata(
             num_decodes=len(decode_tables),
@@ -131,4 +143,5 @@ class ModelRunner:
             meta,
             torch.tensor(logits_idx, dtype=torch.long, device=dev),
             sampling,
+            drafts,
         )

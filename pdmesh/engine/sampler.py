@@ -15,10 +15,60 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from pdmesh.request import Sequence, TokenLogprob
+from pdmesh.sampling_params import SamplingParams
+
+
+class SamplingRow(Protocol):
+    """What the sampler reads of a row: a ``Sequence``, or a ``RowView`` of one."""
+
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def output_token_ids(self) -> list[int]: ...
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def generator(self) -> Any: ...
+
+
+@dataclass(slots=True)
+class RowView:
+    """A sequence as it would stand after ``extra`` more tokens.
+
+    Speculative decoding samples position ``i`` of a draft as if drafts ``0..i-1`` had been
+    accepted, so penalties and ``min_tokens`` see exactly the history a one-token-per-step
+    decode would have seen there; that is what keeps greedy output identical.
+    """
+
+    seq: Sequence
+    extra: list[int]
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.seq.params
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids + self.extra
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.seq.output_token_ids + self.extra
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.seq.num_output_tokens + len(self.extra)
+
+    @property
+    def generator(self) -> Any:
+        return self.seq.generator
 
 
 @dataclass(slots=True)
@@ -32,24 +82,42 @@ class Sampler:
         self.eos_token_ids = tuple(eos_token_ids)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs: Seq[SamplingRow]) -> SamplerOutput:
         """``logits`` is float32 [len(seqs), vocab]; it is modified in place."""
-        want_logprobs = [s.params.logprobs is not None for s in seqs]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-        self._apply_penalties(logits, seqs)
-        self._apply_min_tokens(logits, seqs)
-        tokens = self._select(logits, seqs)
-        token_list = tokens.tolist()
-        out_lp: list[TokenLogprob | None] = [None] * len(seqs)
+        raw_logprobs = self.process(logits, seqs)
+        token_list = self._select(logits, seqs).tolist()
+        return SamplerOutput(token_list, self.logprobs_of(raw_logprobs, token_list, seqs))
+
+    def process(self, logits: torch.Tensor, rows: Seq[SamplingRow]) -> torch.Tensor | None:
+        """Apply penalties and ``min_tokens`` in place; returns the raw log-softmax when a
+        row asks for logprobs (None otherwise)."""
+        want = any(r.params.logprobs is not None for r in rows)
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want else None
+        self._apply_penalties(logits, rows)
+        self._apply_min_tokens(logits, rows)
+        return raw_logprobs
+
+    @staticmethod
+    def logprobs_of(
+        raw_logprobs: torch.Tensor | None, tokens: Seq[int], rows: Seq[SamplingRow]
+    ) -> list[TokenLogprob | None]:
+        out: list[TokenLogprob | None] = [None] * len(rows)
         if raw_logprobs is not None:
-            for i, seq in enumerate(seqs):
-                if want_logprobs[i]:
-                    out_lp[i] = _token_logprob(raw_logprobs[i], token_list[i], seq.params.logprobs or 0)
-        return SamplerOutput(token_list, out_lp)
+            for i, row in enumerate(rows):
+                if row.params.logprobs is not None:
+                    out[i] = _token_logprob(raw_logprobs[i], tokens[i], row.params.logprobs)
+        return out
+
+    @staticmethod
+    def distribution(logits: torch.Tensor, params: Seq[SamplingParams]) -> torch.Tensor:
+        """The probabilities a sampled row draws from: temperature, then top-k / top-p /
+        min-p, then softmax (rows of processed logits, not modified)."""
+        temps = torch.tensor([p.temperature for p in params], device=logits.device)[:, None]
+        return torch.softmax(_filter(logits / temps, list(params)), dim=-1)
 
     # -- logits processors ------------------------------------------------------------
     @staticmethod
-    def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def _apply_penalties(logits: torch.Tensor, seqs: Seq[SamplingRow]) -> None:
         rows = [
             i for i, s in enumerate(seqs)
             if s.params.repetition_penalty != 1.0
@@ -78,7 +146,7 @@ class Sampler:
         sub = sub - freq * counts - pres * (counts > 0).float()
         logits[idx] = sub
 
-    def _apply_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def _apply_min_tokens(self, logits: torch.Tensor, seqs: Seq[SamplingRow]) -> None:
         for i, seq in enumerate(seqs):
             p = seq.params
             if seq.num_output_tokens < p.min_tokens:
@@ -89,28 +157,33 @@ class Sampler:
                     logits[i, stops] = float("-inf")
 
     # -- selection --------------------------------------------------------------------
-    def _select(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _select(self, logits: torch.Tensor, seqs: Seq[SamplingRow]) -> torch.Tensor:
         tokens = logits.argmax(dim=-1)
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if not rows:
             return tokens
-        dev = logits.device
-        idx = torch.tensor(rows, device=dev)
-        params = [seqs[i].params for i in rows]
-        sub = logits[idx] / torch.tensor([p.temperature for p in params], device=dev)[:, None]
-        sub = _filter(sub, params)
-        probs = torch.softmax(sub, dim=-1)
-        q = torch.empty_like(probs)
-        for r, i in enumerate(rows):
-            gen = seqs[i].generator
-            if gen is not None:
-                q[r].exponential_(generator=gen)
-        unseeded = [r for r, i in enumerate(rows) if seqs[i].generator is None]
-        if unseeded:
-            uidx = torch.tensor(unseeded, device=dev)
-            q[uidx] = torch.empty(len(unseeded), probs.shape[-1], device=dev).exponential_()
-        tokens[idx] = (probs / q).argmax(dim=-1)
+        idx = torch.tensor(rows, device=logits.device)
+        probs = self.distribution(logits[idx], [seqs[i].params for i in rows])
+        tokens[idx] = race(probs, [seqs[i].generator for i in rows])
         return tokens
+
+
+def race(probs: torch.Tensor, generators: Seq[Any]) -> torch.Tensor:
+    """One draw per row from (unnormalised) ``probs`` by the exponential race
+    ``argmax(p / q), q ~ Exp(1)``; a row with a generator draws its ``q`` from it."""
+    q = torch.empty_like(probs)
+    unseeded: list[int] = []
+    for r, gen in enumerate(generators):
+        if gen is not None:
+            q[r].exponential_(generator=gen)
+        else:
+            unseeded.append(r)
+    if len(unseeded) == len(generators):
+        q.exponential_()
+    elif unseeded:
+        uidx = torch.tensor(unseeded, device=probs.device)
+        q[uidx] = torch.empty(len(unseeded), probs.shape[-1], device=probs.device).exponential_()
+    return (probs / q).argmax(dim=-1)
 
 
 def _filter(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: ignore[type-arg]

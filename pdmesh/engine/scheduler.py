@@ -32,11 +32,14 @@ class ScheduledSeq:
     num_new_tokens: int
     start: int
     """``num_computed_tokens`` before this step: the position of the first new token."""
+    spec: list[int] = field(default_factory=list)
+    """Draft tokens verified this step; they follow the last committed token and are part
+    of ``num_new_tokens``. Their KV is kept only for the drafts the target accepts."""
 
     @property
     def samples(self) -> bool:
         """Whether this step produces the sequence's next token."""
-        return self.start + self.num_new_tokens == self.seq.num_tokens
+        return self.start + self.num_new_tokens - len(self.spec) == self.seq.num_tokens
 
 
 @dataclass(slots=True)
@@ -126,7 +129,11 @@ class Scheduler:
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget, chunk)
-            while not self.kv.allocate_slots(seq, num_new):
+            spec = self._drafts_that_fit(seq, num_new, budget)
+            while not self.kv.allocate_slots(seq, num_new + len(spec)):
+                if spec:
+                    spec = []  # drafts are optional: drop them before preempting anyone
+                    continue
                 victim = self._pick_victim()
                 self._preempt(victim, out)
                 budget += self._unschedule(victim, out)
@@ -134,13 +141,23 @@ class Scheduler:
                     break
             if seq.status is not SeqStatus.RUNNING:
                 continue
-            out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens))
+            num_new += len(spec)
+            out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, spec))
             seq.num_computed_tokens += num_new
             budget -= num_new
         if not out.preempted:
             self._admit(out, budget, chunk)
         out.copies = self.kv.take_copies()
         return out
+
+    @staticmethod
+    def _drafts_that_fit(seq: Sequence, num_new: int, budget: int) -> list[int]:
+        """The proposed drafts this step verifies: only after the last committed token
+        (a decode step) and only as many as the token budget leaves room for."""
+        drafts, seq.spec_token_ids = seq.spec_token_ids, []
+        if not drafts or num_new != 1 or seq.num_tokens - seq.num_computed_tokens != 1:
+            return []
+        return drafts[: max(0, budget - 1)]
 
     def _admit(self, out: SchedulerOutput, budget: int, chunk: int) -> None:
         # Prefix-aware: a waiting sequence whose next uncached block is being computed
@@ -179,6 +196,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SeqStatus.PREEMPTED
         self._push_waiting(seq)
         out.preempted.append(seq)

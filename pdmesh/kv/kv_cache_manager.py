@@ -163,6 +163,19 @@ class KVCacheManager:
         )
         self._num_registered[seq.seq_id] = num_full
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Free the blocks past the first ``num_tokens`` tokens (rejected draft tokens'
+        slots). Those blocks were allocated this step for drafts, so none is cached or
+        shared; a block still partly in use keeps its stale tail, which the next write
+        overwrites and attention never reads."""
+        blocks = self._blocks.get(seq.seq_id)
+        keep = -(-num_tokens // self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return
+        surplus = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(reversed(surplus))
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give ``child`` the parent's blocks, shared (ref count +1 each)."""
         blocks = self._blocks.get(parent.seq_id)

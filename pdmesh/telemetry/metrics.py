@@ -8,12 +8,19 @@ path pays nothing for them.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -62,21 +69,35 @@ class StreamTimer:
 
 
 class SnapshotCollector(Collector):
-    """Gauges and counters computed from a snapshot function at scrape time."""
+    """Gauges, counters and histograms computed from a snapshot function at scrape time.
 
-    def __init__(self, snapshot: Callable[[], Iterable[tuple[str, str, str, float, dict[str, str]]]]) -> None:
+    A histogram's value is ``(counts, total)``: ``counts[i]`` observations equal to ``i``
+    (small integer distributions, such as accepted draft lengths) and their sum.
+    """
+
+    def __init__(self, snapshot: Callable[[], Iterable[tuple[str, str, str, Any, dict[str, str]]]]) -> None:
         self.snapshot = snapshot
 
     def collect(self):  # type: ignore[no-untyped-def]
-        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        families: dict[str, Metric] = {}
         for kind, name, doc, value, labels in self.snapshot():
             fam = families.get(name)
             if fam is None:
-                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                cls = _FAMILIES[kind]
                 fam = cls(name, doc, labels=sorted(labels))
                 families[name] = fam
-            fam.add_metric([labels[k] for k in sorted(labels)], value)
+            values = [labels[k] for k in sorted(labels)]
+            if kind == "histogram":
+                counts, total = value
+                cumulative = list(itertools.accumulate(counts))
+                buckets = [(str(float(i)), c) for i, c in enumerate(cumulative)]
+                fam.add_metric(values, buckets + [("+Inf", cumulative[-1] if cumulative else 0)], total)
+            else:
+                fam.add_metric(values, value)
         return list(families.values())
+
+
+_FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int, port_file: str) -> int | None:

@@ -24,6 +24,9 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec_draft_tokens: int = 0
+    """Speculative decoding: drafts verified for this request, and how many were accepted."""
+    spec_accepted_tokens: int = 0
 
 
 def build_request(prompt: str | list[int], request_id: str = "", cache_salt: str = "",
@@ -105,6 +108,8 @@ class Client:
                 out.prompt_tokens = resp.usage.prompt_tokens
                 out.completion_tokens = resp.usage.completion_tokens
                 out.cached_tokens = resp.usage.cached_tokens
+                out.spec_draft_tokens = resp.usage.spec_draft_tokens
+                out.spec_accepted_tokens = resp.usage.spec_accepted_tokens
         return outs
 
     def abort(self, request_id: str) -> bool:

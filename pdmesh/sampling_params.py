@@ -67,6 +67,9 @@ class SamplingParams:
     """Separates prefix-cache entries between tenants."""
     priority: int = 0
     """Lower runs first; preemption picks the lowest priority, newest admitted request."""
+    num_speculative_tokens: int | None = None
+    """Speculative decoding: drafts per step for this request, capped by the engine's
+    ``num_speculative_tokens``; 0 turns it off for this request; None uses the engine's."""
 
     def __post_init__(self) -> None:
         # Frozen: normalise sequences through object.__setattr__.
@@ -128,6 +131,8 @@ class SamplingParams:
                 f"must be 'cumulative', 'delta' or 'final_only', got {self.output_kind!r}",
             )
         _int_range("priority", self.priority, -(2**31), 2**31 - 1)
+        if self.num_speculative_tokens is not None:
+            _int_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
 
     @property
     def greedy(self) -> bool:

@@ -88,6 +88,7 @@ def run_spec_bench(args: argparse.Namespace) -> list[SpecRow]:
     for llm in engines.values():  # warm-up: first calls allocate and pick kernels
         llm.generate(workloads["random"][0][:2], SamplingParams(temperature=0, max_tokens=4))
     rows: list[SpecRow] = []
+    _print_header(args)
     for wl, (prompts, params) in workloads.items():
         params = params.replace(max_tokens=out_len)
         for batch in batches:
@@ -102,19 +103,26 @@ def run_spec_bench(args: argparse.Namespace) -> list[SpecRow]:
                 rows.append(SpecRow(wl, batch, name, tok_s, tok_s / base,
                                     accepted / drafted if drafted else None,
                                     1 + accepted / steps if steps else None))
+                _print_row(rows[-1])
     _report(rows, args)
     return rows
 
 
-def _report(rows: list[SpecRow], args: argparse.Namespace) -> None:
+def _print_header(args: argparse.Namespace) -> None:
     print(f"\npdmesh bench spec — model {args.model}, dtype {args.dtype}, "
           f"{args.input_len} in / {args.output_len} out, best of {args.rounds} alternating rounds")
     print(f"{'workload':<15} {'batch':>5} {'speculation':<14} {'tok/s':>8} {'speed-up':>9} "
-          f"{'accepted':>9} {'mean len':>9}")
-    for r in rows:
-        acc = f"{r.acceptance_rate:9.2f}" if r.acceptance_rate is not None else f"{'—':>9}"
-        mal = f"{r.mean_accepted_length:9.2f}" if r.mean_accepted_length is not None else f"{'—':>9}"
-        print(f"{r.workload:<15} {r.batch:>5} {r.config:<14} {r.tok_s:8.1f} {r.speedup:8.2f}x {acc} {mal}")
+          f"{'accepted':>9} {'mean len':>9}", flush=True)
+
+
+def _print_row(r: SpecRow) -> None:
+    acc = f"{r.acceptance_rate:9.2f}" if r.acceptance_rate is not None else f"{'—':>9}"
+    mal = f"{r.mean_accepted_length:9.2f}" if r.mean_accepted_length is not None else f"{'—':>9}"
+    print(f"{r.workload:<15} {r.batch:>5} {r.config:<14} {r.tok_s:8.1f} {r.speedup:8.2f}x {acc} {mal}",
+          flush=True)
+
+
+def _report(rows: list[SpecRow], args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"bench": "spec", "model": str(args.model), "draft_model": args.draft_model,

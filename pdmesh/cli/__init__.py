@@ -60,8 +60,9 @@ def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
     tiny.add_argument("dir", help="folder to write")
     tiny.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"],
                       help="architecture (default: llama)")
-    tiny.add_argument("--size", default="tiny", choices=["tiny", "small"],
-                      help="tiny: unit tests; small: the 40M default model (default: tiny)")
+    tiny.add_argument("--size", default="tiny", choices=["tiny", "small", "small-draft"],
+                      help="tiny: unit tests; small: the 40M default model; small-draft: a 2-layer "
+                           "model with small's tokenizer, a draft for speculative decoding (default: tiny)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
     tiny.add_argument("--shard-bytes", type=int, default=None,
                       help="write sharded safetensors of at most this size (default: one file)")

@@ -90,6 +90,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                         help=f"{docs[name]} (default: the worker's, {getattr(EngineArgs, name)})")
     up.add_argument("--threads", default=None,
                     help="torch threads per worker (default: the machine's cores shared equally)")
+    up.add_argument("--speculative-config", default=None,
+                    help=f"decode workers only: {docs['speculative_config']} (default: off)")
     # Router options.
     up.add_argument("--prefill-policy", default=None, help="prefill routing policy (default: cache_aware)")
     up.add_argument("--decode-policy", default=None, help="decode routing policy (default: least_loaded)")
@@ -129,6 +131,7 @@ def run_up(args: argparse.Namespace) -> int:
         router_args=contract + _flags(args, ("prefill_policy", "decode_policy", "disaggregation",
                                              "local_prefill_tokens", "prefill_busy_requests", "api_key")),
         http_port=None if args.no_http else args.http_port,
+        decode_args=_flags(args, ("speculative_config",)),
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

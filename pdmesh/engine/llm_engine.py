@@ -18,17 +18,17 @@ import torch
 from pdmesh.attention.select import build_backend
 from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
-from pdmesh.engine.detokenizer import IncrementalDetokenizer
+from pdmesh.engine.forks import expand_forks
 from pdmesh.engine.handoff import KVHandoff
 from pdmesh.engine.model_runner import ModelRunner, StepResult
-from pdmesh.engine.output import RequestState, _Cursor
+from pdmesh.engine.output import RequestState
 from pdmesh.engine.resume import Resume
 from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.engine.spec.speculator import Verified, build_speculator
 from pdmesh.engine.stopping import finish_status
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
-from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
+from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
 from pdmesh.kv.kv_cache_manager import KVCacheManager
 from pdmesh.kv.layout import KVLayout
@@ -134,29 +134,10 @@ class LLMEngine:
         self.admission.check_fits(token_ids, params)
         now = arrival_time if arrival_time is not None else time.monotonic()
         state = RequestState(request_id, text, token_ids, params, RequestMetrics(now))
-        first = self._new_sequence(state, 0, list(token_ids))
+        first = state.new_sequence(self.tokenizer, self.config.device, list(token_ids))
         first.fork_pending = params.n > 1
         self._requests[request_id] = state
         return state
-
-    def _new_sequence(self, state: RequestState, index: int, token_ids: list[int]) -> Sequence:
-        p = state.params
-        seq_id = state.request_id if index == 0 else f"{state.request_id}#{index}"
-        seq = Sequence(
-            seq_id, state.request_id, index, p, len(state.prompt_token_ids), token_ids,
-            state.metrics.arrival_time, extra_keys_for(p.cache_salt),
-        )
-        if p.seed is not None:
-            seq.generator = torch.Generator(device=self.config.device).manual_seed((p.seed + index) % 2**63)
-        state.seqs.append(seq)
-        state.detoks.append(
-            IncrementalDetokenizer.for_prompt(
-                self.tokenizer, state.prompt_token_ids, p.stop,
-                p.include_stop_str_in_output, p.skip_special_tokens,
-            )
-        )
-        state.cursors.append(_Cursor())
-        return seq
 
     def abort_request(self, request_id: str) -> None:
         """End a request in any state and free its blocks; its final output says "abort"."""
@@ -170,7 +151,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, SeqStatus.FINISHED_ABORTED)
         # Siblings that were never forked end as aborted too.
         while len(state.seqs) < state.params.n:
-            self._new_sequence(state, len(state.seqs), list(state.prompt_token_ids)).set_finished(
+            state.new_sequence(self.tokenizer, self.config.device, list(state.prompt_token_ids)).set_finished(
                 SeqStatus.FINISHED_ABORTED
             )
         state.metrics.finished_time = time.monotonic()
@@ -247,7 +228,7 @@ class LLMEngine:
                 state = self._requests[item.seq.request_id]
                 if state.metrics.first_scheduled_time is None:
                     state.metrics.first_scheduled_time = now
-            rows, seqs, drafts = self._expand_forks(result)
+            rows, seqs, drafts = expand_forks(result, self._fork)
             logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
             for seq, verified in zip(seqs, self._sample(logits, seqs, drafts)):
                 self._commit(seq, verified)
@@ -286,35 +267,18 @@ class LLMEngine:
                 seq.num_computed_tokens = start + 1 + verified.num_accepted
                 self.kv.trim(seq, seq.num_computed_tokens)
 
-    def _expand_forks(self, result: StepResult) -> tuple[torch.Tensor | None, list[Sequence], list[list[int]]]:
-        """Fork the siblings of n > 1 requests whose prompt just finished (each gets its
-        parent's row), and list the logits rows of every sequence in order."""
-        if not any(s.fork_pending for s in result.sampling):
-            return None, result.sampling, result.drafts
-        rows: list[int] = []
-        seqs: list[Sequence] = []
-        drafts: list[list[int]] = []
-        row = 0
-        for seq, spec in zip(result.sampling, result.drafts):
-            span = list(range(row, row + len(spec) + 1))
-            row += len(span)
-            rows.extend(span)
-            seqs.append(seq)
-            drafts.append(spec)
-            if not seq.fork_pending:
-                continue
-            seq.fork_pending = False
-            state = self._requests[seq.request_id]
-            for index in range(1, state.params.n):
-                child = self._new_sequence(state, index, list(seq.token_ids))
-                child.num_computed_tokens = seq.num_computed_tokens
-                child.num_cached_tokens = seq.num_cached_tokens
-                self.kv.fork(seq, child)
-                self.scheduler.add_running(child)
-                rows.extend(span)
-                seqs.append(child)
-                drafts.append([])
-        return torch.tensor(rows), seqs, drafts
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        """The siblings of an n > 1 request whose prompt just finished, sharing its blocks."""
+        state = self._requests[seq.request_id]
+        children = []
+        for _ in range(1, state.params.n):
+            child = state.new_sequence(self.tokenizer, self.config.device, list(seq.token_ids))
+            child.num_computed_tokens = seq.num_computed_tokens
+            child.num_cached_tokens = seq.num_cached_tokens
+            self.kv.fork(seq, child)
+            self.scheduler.add_running(child)
+            children.append(child)
+        return children
 
     def _append(self, seq: Sequence, token: int, lp: Any) -> None:
         state = self._requests[seq.request_id]

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from pdmesh.engine.detokenizer import IncrementalDetokenizer
+from pdmesh.kv.block_hash import extra_keys_for
 from pdmesh.request import CompletionOutput, RequestMetrics, RequestOutput, Sequence
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -41,6 +45,24 @@ class RequestState:
     @property
     def finished(self) -> bool:
         return len(self.seqs) == self.params.n and all(s.status.finished for s in self.seqs)
+
+    def new_sequence(self, tokenizer: Tokenizer, device: str, token_ids: list[int]) -> Sequence:
+        """Add completion number ``len(seqs)`` with its detokenizer and, when seeded, its
+        own generator (seed + index, so siblings differ and each is reproducible)."""
+        p, index = self.params, len(self.seqs)
+        seq_id = self.request_id if index == 0 else f"{self.request_id}#{index}"
+        seq = Sequence(
+            seq_id, self.request_id, index, p, len(self.prompt_token_ids), token_ids,
+            self.metrics.arrival_time, extra_keys_for(p.cache_salt),
+        )
+        if p.seed is not None:
+            seq.generator = torch.Generator(device=device).manual_seed((p.seed + index) % 2**63)
+        self.seqs.append(seq)
+        self.detoks.append(IncrementalDetokenizer.for_prompt(
+            tokenizer, self.prompt_token_ids, p.stop, p.include_stop_str_in_output, p.skip_special_tokens,
+        ))
+        self.cursors.append(_Cursor())
+        return seq
 
     def render(self) -> RequestOutput | None:
         """The output to emit now, or None when there is nothing new for this output kind."""

@@ -15,6 +15,33 @@ from torch import nn
 from pdmesh.model.config import RopeConfig
 
 
+MM_MAX_ROWS = 256
+"""Up to this many rows (decode batches, verified drafts, short prefills) ``linear`` takes
+the transposed product; prefill chunks above it keep ``F.linear``'s row-major output,
+which the attention and elementwise kernels after it read faster (docs/performance.md)."""
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``. On CPU, for up to ``MM_MAX_ROWS`` flattened tokens,
+    computed as ``(weight @ x.T).T``: the same products, but MKL's kernel for a tall weight
+    times a few columns is 1.2-2.6x faster than ``F.linear``'s few-rows path at 1 to 256
+    rows on our AMD machines (docs/performance.md, "Linear layers"). The result is a
+    transposed view, which every consumer here accepts. Elsewhere (CUDA, 3-D inputs, long
+    prefill chunks) it is ``F.linear``."""
+    if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
+        y = torch.mm(weight, x.t()).t()
+        return y + bias if bias is not None else y
+    return nn.functional.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, so Hugging Face weights load unchanged) computed
+    with ``linear`` above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -87,9 +114,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
         super().__init__()
-        self.gate = nn.Linear(hidden, intermediate, bias=bias)
-        self.up = nn.Linear(hidden, intermediate, bias=bias)
-        self.down = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate = Linear(hidden, intermediate, bias=bias)
+        self.up = Linear(hidden, intermediate, bias=bias)
+        self.down = Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # silu into a fresh tensor, then multiply in place: one large temporary, not two.

@@ -15,7 +15,7 @@ from torch import nn
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ModelConfig
-from pdmesh.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from pdmesh.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rope, linear
 
 
 class Attention(nn.Module):
@@ -27,8 +27,8 @@ class Attention(nn.Module):
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -78,7 +78,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
         self.lm_head = (
-            None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
 
     @torch.inference_mode()
@@ -98,7 +98,7 @@ class LlamaForCausalLM(nn.Module):
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
         h = self.norm(h[logits_indices])
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(h, weight).float()
+        return linear(h, weight).float()
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -13,7 +13,7 @@ from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 _OPTIONAL_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed",
     "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-    "n", "priority", "include_stop_str_in_output",
+    "n", "priority", "include_stop_str_in_output", "num_speculative_tokens",
 )
 _FINISH = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
@@ -55,6 +55,8 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.num_speculative_tokens is not None:
+        msg.num_speculative_tokens = params.num_speculative_tokens
     return msg
 
 
@@ -119,4 +121,6 @@ def response_from_output(
         resp.usage.prompt_tokens = len(out.prompt_token_ids)
         resp.usage.completion_tokens = completion_tokens
         resp.usage.cached_tokens = out.metrics.num_cached_tokens
+        resp.usage.spec_draft_tokens = out.metrics.spec_draft_tokens
+        resp.usage.spec_accepted_tokens = out.metrics.spec_accepted_tokens
     return resp

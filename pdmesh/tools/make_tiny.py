@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 Arch = Literal["llama", "qwen2", "qwen3"]
-Size = Literal["tiny", "small"]
+Size = Literal["tiny", "small", "small-draft"]
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -42,6 +42,10 @@ class Shape:
 SHAPES: dict[str, Shape] = {
     "tiny": Shape(64, 2, 4, 2, 128, 1024, 2048),
     "small": Shape(512, 8, 8, 4, 2048, 8192, 4096),
+    # The small model's tokenizer (same vocabulary, same corpus) on a 2-layer body: a draft
+    # model for it in speculative-decoding benchmarks (its random weights agree with the
+    # small model's only by chance, so it measures the cost of drafting, not a speed-up).
+    "small-draft": Shape(128, 2, 4, 2, 256, 8192, 4096),
 }
 
 # The corpus: a fixed, sorted list of standard-library modules (stable on one Python).

@@ -162,6 +162,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 timer.done(reason)
                 span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": total,
                                      "pdmesh.cached_tokens": cached})
+                if out.metrics.spec_steps:
+                    span.set_attributes({
+                        "pdmesh.spec_draft_tokens": out.metrics.spec_draft_tokens,
+                        "pdmesh.spec_accepted_tokens": out.metrics.spec_accepted_tokens,
+                        "pdmesh.spec_mean_accepted_length": out.metrics.spec_mean_accepted_length or 0.0,
+                    })
             yield response_from_output(out, rid, total)
 
 

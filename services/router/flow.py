@@ -105,6 +105,9 @@ class RequestFlow:
                     timer.done(finish)
                     span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
                     span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
+                    if resp.usage.spec_draft_tokens:
+                        span.set_attribute("pdmesh.spec_draft_tokens", resp.usage.spec_draft_tokens)
+                        span.set_attribute("pdmesh.spec_accepted_tokens", resp.usage.spec_accepted_tokens)
                 yield resp
         except asyncio.CancelledError:
             if not self.aborted:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from services.worker.core import WorkerCore
 
-Sample = tuple[str, str, str, float, dict[str, str]]
+Sample = tuple[str, str, str, Any, dict[str, str]]
 
 
 def worker_snapshot(core: WorkerCore) -> list[Sample]:
@@ -39,4 +39,19 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
          c.overlapped_blocks, role),
         ("counter", "pdmesh_expired_leases", "Reservations freed because their KV never came",
          c.expired_leases, role),
+        *_spec_samples(core, role),
+    ]
+
+
+def _spec_samples(core: WorkerCore, role: dict[str, str]) -> list[Sample]:
+    spec = core.engine.speculator
+    if spec is None:
+        return []
+    st = spec.stats
+    return [
+        ("counter", "pdmesh_spec_draft_tokens", "Draft tokens verified (speculative decoding)",
+         st.draft_tokens, role),
+        ("counter", "pdmesh_spec_accepted_tokens", "Draft tokens accepted", st.accepted_tokens, role),
+        ("histogram", "pdmesh_spec_acceptance_length", "Drafts accepted per verification step",
+         (st.accepted_counts, float(st.accepted_tokens)), role),
     ]

@@ -87,7 +87,9 @@ class Speculator:
             if backoff is not None and backoff.skip > 0:
                 backoff.skip -= 1
                 continue
+            asked = seq.params.num_speculative_tokens
             k = min(
+                self.config.num_speculative_tokens if asked is None else asked,
                 self.config.num_speculative_tokens,
                 seq.params.max_tokens - seq.num_output_tokens - 1,  # no draft past max_tokens
                 self.max_model_len - seq.num_tokens,  # positions stay inside the model

@@ -36,16 +36,24 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def add(self, resp: Any) -> None:
         if resp.finish_reason:
             self.completion_tokens += resp.usage.completion_tokens
             self.cached_tokens += resp.usage.cached_tokens
+            self.spec_draft_tokens += resp.usage.spec_draft_tokens
+            self.spec_accepted_tokens += resp.usage.spec_accepted_tokens
 
     def json(self) -> dict[str, Any]:
+        # Speculative decoding's drafts are OpenAI's "predicted outputs" accounting.
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "completion_tokens_details": {
+                    "accepted_prediction_tokens": self.spec_accepted_tokens,
+                    "rejected_prediction_tokens": self.spec_draft_tokens - self.spec_accepted_tokens}}
 
 
 def token_str(tok: Tokenizer, token_id: int) -> str:

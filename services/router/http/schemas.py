@@ -39,6 +39,7 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     priority: int | None = None
+    num_speculative_tokens: int | None = None
     cache_salt: str | None = None
     return_token_ids: bool = False
     request_id: str | None = None

@@ -67,10 +67,10 @@ class SpeculativeConfig:
     """ngram: the shortest suffix worth a lookup."""
     model: str | None = None
     """draft_model: the draft's Hugging Face folder (its vocabulary must be the target's)."""
-    disable_by_batch_size: int = 8
-    """Speculate only while fewer sequences than this are running: in a larger batch the
-    step is no longer dominated by per-step overhead and the verified drafts cost more than
-    they save (docs/performance.md, "Speculative decoding", measured the threshold)."""
+    disable_by_batch_size: int = 4
+    """Speculate only while fewer sequences than this are running: every draft is a row of
+    the verification pass, and from 4 sequences on those rows cost more than they save on
+    text n-gram lookup predicts only in part (docs/performance.md, "Speculative decoding")."""
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> InvalidRequestError:

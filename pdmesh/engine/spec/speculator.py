@@ -5,8 +5,12 @@ Before a step, ``propose`` gives every running decode sequence up to k draft tok
 verifies them as extra decode rows. After the forward pass, ``verify`` turns the k + 1
 rows of logits into the tokens to commit. Speculation switches itself off while
 ``disable_by_batch_size`` or more sequences run: a large batch is no longer dominated by
-per-step costs, and verifying drafts would only add work. A sequence whose drafts keep
-being rejected backs off too: after a verification that accepts nothing it skips 1, 2, 4
+per-step costs, and verifying drafts would only add work.
+
+Each sequence also adapts to how predictable its text is, since every draft row costs a
+row of the verification pass and a batch runs as long as its slowest sequence: its draft
+length grows by one after a fully accepted run (up to k) and shrinks to what was accepted
+plus one after a partial one; after a verification that accepts nothing it skips 1, 2, 4
 ... up to ``MAX_BACKOFF`` steps before proposing again, so text that nothing predicts
 (sampling at a high temperature, say) costs next to nothing.
 """
@@ -49,11 +53,20 @@ MAX_BACKOFF = 16
 
 
 @dataclass(slots=True)
-class _Backoff:
+class _Adaptive:
+    """One sequence's speculation state."""
+
+    k: int
+    """Drafts to ask for next time."""
     misses: int = 0
     """Verifications in a row that accepted no draft."""
     skip: int = 0
     """Steps left before this sequence proposes again."""
+
+    def update(self, drafted: int, accepted: int, max_k: int) -> None:
+        self.k = min(max_k, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        self.misses = 0 if accepted else self.misses + 1
+        self.skip = min(MAX_BACKOFF, 2 ** (self.misses - 1)) if self.misses else 0
 
 
 class Speculator:
@@ -62,12 +75,12 @@ class Speculator:
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.stats = SpecStats()
-        self._backoff: dict[str, _Backoff] = {}
+        self._adaptive: dict[str, _Adaptive] = {}
 
     def retain(self, live: set[str]) -> None:
         """Let the proposer drop per-sequence state (draft KV) of sequences that ended."""
-        for seq_id in [s for s in self._backoff if s not in live]:
-            del self._backoff[seq_id]
+        for seq_id in [s for s in self._adaptive if s not in live]:
+            del self._adaptive[seq_id]
         release = getattr(self.proposer, "retain", None)
         if release is not None:
             release(live)
@@ -83,14 +96,14 @@ class Speculator:
                 continue
             if seq.num_tokens - seq.num_computed_tokens != 1:
                 continue  # still prefilling
-            backoff = self._backoff.get(seq.seq_id)
-            if backoff is not None and backoff.skip > 0:
-                backoff.skip -= 1
+            state = self._adaptive.get(seq.seq_id)
+            if state is not None and state.skip > 0:
+                state.skip -= 1
                 continue
             asked = seq.params.num_speculative_tokens
             k = min(
                 self.config.num_speculative_tokens if asked is None else asked,
-                self.config.num_speculative_tokens,
+                state.k if state is not None else self.config.num_speculative_tokens,
                 seq.params.max_tokens - seq.num_output_tokens - 1,  # no draft past max_tokens
                 self.max_model_len - seq.num_tokens,  # positions stay inside the model
             )
@@ -136,9 +149,8 @@ class Speculator:
         lps = sampler.logprobs_of(raw[: len(tokens)] if raw is not None else None, tokens,
                                   rows[: len(tokens)])
         accepted = len(tokens) - 1
-        backoff = self._backoff.setdefault(seq.seq_id, _Backoff())
-        backoff.misses = 0 if accepted else backoff.misses + 1
-        backoff.skip = min(MAX_BACKOFF, 2 ** (backoff.misses - 1)) if backoff.misses else 0
+        k_max = self.config.num_speculative_tokens
+        self._adaptive.setdefault(seq.seq_id, _Adaptive(k_max)).update(len(d), accepted, k_max)
         self.stats.draft_tokens += len(d)
         self.stats.accepted_tokens += accepted
         self.stats.steps += 1

@@ -22,9 +22,10 @@ def print_stream(pieces: Iterable[str]) -> None:
 
 
 def summary(finish: str | None, prompt: int, completion: int, cached: int, ttft: float,
-            total: float) -> None:
+            total: float, drafted: int = 0, accepted: int = 0) -> None:
+    spec = f" spec_accepted={accepted}/{drafted}" if drafted else ""
     print(f"[finish={finish} prompt_tokens={prompt} completion_tokens={completion} "
-          f"cached_tokens={cached} ttft={1000 * ttft:.0f}ms total={total:.2f}s]", file=sys.stderr)
+          f"cached_tokens={cached}{spec} ttft={1000 * ttft:.0f}ms total={total:.2f}s]", file=sys.stderr)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -63,7 +64,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if last is not None:
         m = last.metrics
         summary(last.outputs[0].finish_reason if last.outputs else None, len(last.prompt_token_ids),
-                n_out, m.num_cached_tokens, m.ttft or 0.0, time.monotonic() - start)
+                n_out, m.num_cached_tokens, m.ttft or 0.0, time.monotonic() - start,
+                m.spec_draft_tokens, m.spec_accepted_tokens)
     return 0
 
 
@@ -95,5 +97,6 @@ def _remote(args: argparse.Namespace) -> int:
     if final is not None:
         u = final.usage
         summary(FINISH_NAMES[final.finish_reason], u.prompt_tokens, u.completion_tokens,
-                u.cached_tokens, (first or start) - start, time.monotonic() - start)
+                u.cached_tokens, (first or start) - start, time.monotonic() - start,
+                u.spec_draft_tokens, u.spec_accepted_tokens)
     return 0

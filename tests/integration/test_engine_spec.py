@@ -165,3 +165,15 @@ def test_sampling_with_a_wrong_draft_keeps_the_targets_distribution(llama_dir: P
     df = len(cells) - 1
     critical = df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3
     assert df >= 3 and stat < critical, (stat, critical, df)
+
+
+def test_n_completions_fork_and_speculate(llama_dir: Path, expected: list[list[int]]) -> None:
+    # Siblings fork from the first sequence's blocks (copy-on-write), then each verifies
+    # its own drafts; with greedy decoding all three must equal transformers.
+    llm = LLM(str(llama_dir), dtype="float32", num_blocks=256, block_size=4, speculative_config=spec("ngram", 3))
+    prompts = prompts_for_spec()[:2]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW, n=3))
+    for out, want in zip(outs, expected[:2]):
+        assert [c.token_ids for c in out.outputs] == [want] * 3
+    assert sum(o.metrics.spec_accepted_tokens for o in outs) > 0
+    assert_no_block_in_use(llm.engine)

@@ -49,6 +49,7 @@ class SchedulerConfig:
 
 
 SpecMethod = Literal["ngram", "draft_model"]
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +79,9 @@ class SpeculativeConfig:
 
         if self.method not in ("ngram", "draft_model"):
             raise bad("method", f'must be "ngram" or "draft_model", got {self.method!r}')
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise bad("num_speculative_tokens", f"must be 1..16, got {self.num_speculative_tokens}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise bad("num_speculative_tokens",
+                      f"must be 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise bad("prompt_lookup_min", "must be >= 1 and <= prompt_lookup_max "
                       f"(got {self.prompt_lookup_min} and {self.prompt_lookup_max})")

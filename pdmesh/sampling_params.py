@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pdmesh.config import MAX_SPECULATIVE_TOKENS
 from pdmesh.errors import InvalidRequestError
 
 OutputKind = Literal["cumulative", "delta", "final_only"]
@@ -132,7 +133,7 @@ class SamplingParams:
             )
         _int_range("priority", self.priority, -(2**31), 2**31 - 1)
         if self.num_speculative_tokens is not None:
-            _int_range("num_speculative_tokens", self.num_speculative_tokens, 0, 16)
+            _int_range("num_speculative_tokens", self.num_speculative_tokens, 0, MAX_SPECULATIVE_TOKENS)
 
     @property
     def greedy(self) -> bool:

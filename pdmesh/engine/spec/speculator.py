@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdmesh.config import EngineConfig, SpeculativeConfig
+from pdmesh.config import MAX_SPECULATIVE_TOKENS, EngineConfig, SpeculativeConfig
 from pdmesh.engine.sampler import RowView, Sampler, SamplingRow
 from pdmesh.engine.spec.rejection import accept_greedy, accept_sampled
 from pdmesh.request import SeqStatus, Sequence, TokenLogprob
@@ -45,8 +45,8 @@ class SpecStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     steps: int = 0
-    accepted_counts: list[int] = field(default_factory=lambda: [0] * 17)
-    """``accepted_counts[a]``: verification steps that accepted ``a`` drafts (k <= 16)."""
+    accepted_counts: list[int] = field(default_factory=lambda: [0] * (MAX_SPECULATIVE_TOKENS + 1))
+    """``accepted_counts[a]``: verification steps that accepted ``a`` drafts."""
 
 
 MAX_BACKOFF = 16

@@ -174,8 +174,8 @@ class Mesh:
             # each other, so give each worker its share.
             share = max(1, (os.cpu_count() or 1) // max(1, self.spec.prefill + self.spec.decode))
             args += ["--threads", str(share)]
+        args += ["--redis-url", self.redis_url]  # membership (and, on prefill, the index)
         if role == "prefill":
-            args += ["--redis-url", self.redis_url]
             if self.kvstore:
                 args += ["--kvstore", self.kvstore[0].address]
         proc = self._spawn(name, args)

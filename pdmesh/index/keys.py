@@ -4,6 +4,7 @@
 - ``pdmesh:wblocks:{member}`` SET of block hashes a member published (for resync)
 - ``pdmesh:seq:{member}``     last applied event batch number
 - ``pdmesh:hb:{worker_id}``   heartbeat (JSON: epoch, address, seq, unix ms), expires
+- ``pdmesh:member:{role}:{worker_id}``  a live worker (JSON ``Member``), expires unless renewed
 """
 
 from __future__ import annotations
@@ -34,3 +35,10 @@ def seq_key(member_id: str) -> str:
 
 def heartbeat_key(worker_id: str) -> str:
     return f"{PREFIX}:hb:{worker_id}"
+
+
+MEMBER_PATTERN = f"{PREFIX}:member:*"
+
+
+def member_key(role: str, worker_id: str) -> str:
+    return f"{PREFIX}:member:{role}:{worker_id}"

@@ -162,14 +162,18 @@ async def serve_until_signal(
     grace: float,
     on_stop: Callable[[], Any] | None = None,
     drain_also: Callable[[], Awaitable[Any]] | None = None,
+    before_drain: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT, then drain: NOT_SERVING, finish in-flight calls (and
+    """Run until SIGTERM/SIGINT, then ``before_drain`` (leave the membership and give routers
+    time to notice, still serving), then drain: NOT_SERVING, finish in-flight calls (and
     ``drain_also``'s, e.g. an HTTP front, at the same time), stop, then ``on_stop``."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if before_drain is not None:
+        await before_drain()
     log.info("draining (grace %.1fs)", grace)
     await set_serving(health_servicer, names, False)
     await asyncio.gather(server.stop(grace), *([drain_also()] if drain_also is not None else []))

@@ -42,6 +42,9 @@ class RouterConfig(MeshContract, ServerConfig):
     (any prefill worker can fetch it, at the cost of a transfer)."""
     balance_threshold: int = 8
     """cache_aware imbalance guard: when in-flight counts differ by more, pick the least loaded."""
+    membership_interval_s: float = 0.5
+    """With redis_url: how often the worker membership in Redis is read (workers joining or
+    leaving are seen within this; one that dies unannounced within its TTL, 3 s, plus this)."""
     info_interval_s: float = 0.5
     """How often to refresh every worker's Info (health, load, compatibility)."""
     info_timeout_s: float = 2.0

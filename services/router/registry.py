@@ -1,5 +1,11 @@
 """The workers a router knows: health, load and compatibility from their ``Info``.
 
+Workers come from the static ``--prefill`` / ``--decode`` lists (seeds) and, with a Redis
+URL, from the live membership (``pdmesh/index/membership.py``): a member that appears is
+added and asked for its ``Info`` at once; one that leaves (drain) or expires (death) gets
+no new requests, and a joined worker is forgotten once this router has nothing in flight
+on it. A seed that leaves stays listed, down, until it announces itself again.
+
 A worker is refused (and never routed to) when its block size, hash seed or algorithm
 (or dtype, unless the router's is "auto") differ from the router's contract, when it
 serves another model, or when its KV layout (compat hash) differs from the mesh's first
@@ -17,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from pdmesh.index.membership import Member
 from pdmesh.mesh_types import WorkerInfo
 from pdmesh.rpc.clients import fetch_info
 from services.router.config import RouterConfig
@@ -39,6 +46,12 @@ class WorkerHandle:
     """When one of this router's requests last finished here (monotonic)."""
     failures: int = 0
     """Info calls that failed in a row."""
+    joined: bool = False
+    """Added by the membership rather than a static list."""
+    member: bool = False
+    """Present in the membership at the last poll."""
+    left: bool = False
+    """Was a member and is no longer: it gets no new requests."""
 
     @property
     def worker_id(self) -> str:
@@ -97,7 +110,7 @@ class Registry:
         if reason != w.refused and reason:
             log.error("refusing %s worker %s at %s: %s", w.role, info.worker_id, w.address, reason)
         w.refused = reason
-        w.healthy = not reason
+        w.healthy = not reason and not w.left
 
     def _refusal(self, w: WorkerHandle, info: WorkerInfo) -> str:
         cfg = self.cfg
@@ -127,3 +140,47 @@ class Registry:
         while True:
             await self.refresh()
             await asyncio.sleep(self.cfg.info_interval_s)
+
+    def sync_members(self, members: list[Member]) -> list[WorkerHandle]:
+        """Apply one reading of the membership; returns the workers that joined."""
+        live = {(m.role, m.address): m for m in members if m.role in ("prefill", "decode")}
+        known = {(w.role, w.address): w for w in self.workers}
+        joined = []
+        for key, m in live.items():
+            w = known.get(key)
+            if w is None:
+                w = WorkerHandle(m.address, m.role, joined=True)
+                self.workers.append(w)
+                joined.append(w)
+                log.info("%s worker %s joined at %s", m.role, m.worker_id, m.address)
+            elif w.left:
+                log.info("%s worker %s at %s is back", m.role, m.worker_id, m.address)
+                joined.append(w)
+            w.member, w.left = True, False
+        for w in list(self.workers):
+            if w.member and (w.role, w.address) not in live:
+                w.member, w.left, w.healthy = False, True, False
+                log.info("%s worker %s left the membership: no new requests", w.role, w.worker_id)
+            if w.left and w.joined and w.in_flight == 0:
+                self.workers.remove(w)
+        return joined
+
+    async def watch_members(self, redis_url: str) -> None:
+        """Poll the membership forever; a worker that joins is asked for its Info at once."""
+        import redis.asyncio as aioredis
+        from redis.exceptions import RedisError
+
+        from pdmesh.index.membership import read_members
+
+        client = aioredis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        failing = False
+        while True:
+            try:
+                joined = self.sync_members(await read_members(client))
+                failing = False
+                await asyncio.gather(*(self._refresh(w) for w in joined))
+            except (RedisError, OSError) as exc:
+                if not failing:
+                    log.warning("membership unreadable (%s); keeping the last known workers", exc)
+                failing = True
+            await asyncio.sleep(self.cfg.membership_interval_s)

@@ -34,7 +34,9 @@ def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.H
 async def serve(cfg: RouterConfig) -> None:
     server, port, health_servicer, core = create_server(cfg)
     await core.workers.refresh()
-    refresher = asyncio.create_task(core.workers.run())
+    background = [asyncio.create_task(core.workers.run())]
+    if cfg.redis_url:
+        background.append(asyncio.create_task(core.workers.watch_members(cfg.redis_url)))
     await server.start()
     http = None
     if cfg.http_port >= 0:
@@ -51,7 +53,7 @@ async def serve(cfg: RouterConfig) -> None:
     print(f"pdmesh router ready on {advertised(cfg.advertise_address, cfg.host, port)}", flush=True)
 
     async def stop() -> None:
-        await cancel_all([refresher])
+        await cancel_all(background)
 
     await serve_until_signal(server, health_servicer, servicer.SERVICES, cfg.drain_grace_s, stop,
                              http.stop if http is not None else None)

@@ -16,7 +16,11 @@ class WorkerConfig(EngineArgs, ServerConfig):
     worker_id: str = ""
     """Unique name, also the NIXL agent name; empty = "{role}-{port}"."""
     redis_url: str = ""
-    """Publish prefix-cache events here (prefill workers); empty = no index."""
+    """Join the mesh's membership here (any worker) and publish prefix-cache events
+    (prefill workers); empty = reachable only through a router's static lists."""
+    leave_notice_s: float = 1.5
+    """On SIGTERM with a redis_url: after leaving the membership, keep serving this long so
+    routers (polling every membership_interval_s) stop sending before the drain starts."""
     kvstore: str = ""
     """Address of the kvstore tier (prefill workers offload to and fetch from it)."""
     lease_ms: int = 30000

@@ -60,8 +60,21 @@ async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
     log.info("%s worker %s serving on %s", cfg.role, core.worker_id, core.address)
     print(f"pdmesh {cfg.role} {core.worker_id} ready on {core.address}", flush=True)
 
+    leave = None
+    if cfg.redis_url:
+        from pdmesh.index.membership import Member, MemberAnnouncer
+
+        announcer = MemberAnnouncer(cfg.redis_url, Member(cfg.role, core.worker_id, core.address, core.epoch))
+        tasks.append(asyncio.create_task(announcer.run()))
+
+        async def leave() -> None:
+            await announcer.leave()
+            log.info("left the membership; serving %.1fs more before draining", cfg.leave_notice_s)
+            await asyncio.sleep(cfg.leave_notice_s)
+
     async def stop_background() -> None:
         await cancel_all(tasks)
         await core.aeng.shutdown()
 
-    await serve_until_signal(server, ws.health, names, cfg.drain_grace_s, stop_background)
+    await serve_until_signal(server, ws.health, names, cfg.drain_grace_s, stop_background,
+                             before_drain=leave)

@@ -150,8 +150,10 @@ def test_evicted_prefix_is_fetched_from_the_kvstore_not_recomputed(mesh: Mesh, c
     rng = random.Random(81)
     prefix = [rng.randrange(5, 1000) for _ in range(128)]  # 8 full blocks
     client.complete(prefix + [11, 12, 13], max_tokens=2, temperature=0)
-    time.sleep(0.5)  # offload runs after the response
-    assert sum(i.kvstore_offloaded_blocks for i in infos(mesh).values()) >= 8
+    deadline = time.monotonic() + 10  # offload runs after the response
+    while sum(i.kvstore_offloaded_blocks for i in infos(mesh).values()) < 8:
+        assert time.monotonic() < deadline, "the prefix never reached the kvstore"
+        time.sleep(0.1)
     # Flood both prefill workers (256 blocks each) with ~4.5x their capacity of other
     # prompts, so that even a lopsided split of the flood evicts the prefix on both.
     fillers = [[rng.randrange(5, 1000) for _ in range(150)] for _ in range(120)]

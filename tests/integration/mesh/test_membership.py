@@ -1,0 +1,145 @@
+"""Workers join and leave a running mesh through Redis: no router restart, nothing lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh, MeshSpec, is_serving
+from pdmesh.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
+from tests.integration.mesh.conftest import WORKER_ARGS, admin
+
+SEEN_WITHIN_S = 5.0
+"""Membership poll (0.5 s) + an Info call; generous for a loaded 2-core CI machine."""
+
+
+@pytest.fixture(scope="module")
+def live_mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, kvstore=0, worker_args=WORKER_ARGS,
+                    router_args=["--info-interval-s", "0.2", "--membership-interval-s", "0.2"],
+                    log_dir=str(tmp_path_factory.mktemp("membership-logs")))
+    with Mesh(spec) as m:
+        yield m
+
+
+def start_worker(mesh: Mesh, tmp: Path, role: str, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """A worker started with only the mesh's Redis URL (no router knows its address)."""
+    port_file = tmp / f"{name}.port"
+    log = (tmp / f"{name}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdmesh", role, "--model", mesh.spec.model, "--worker-id", name,
+         "--redis-url", mesh.redis_url, "--port", "0", "--port-file", str(port_file), "--threads", "1",
+         "--leave-notice-s", "0.6", *WORKER_ARGS, *extra],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
+    )
+    deadline = time.monotonic() + 120
+    while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not start: {(tmp / f'{name}.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+def listed(mesh: Mesh) -> dict[str, admin_pb2.WorkerStatus]:
+    return {w.address: w for w in admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers}
+
+
+def info(address: str) -> worker_pb2.WorkerInfo:
+    """Fresh from the worker (the router's copy may predate the last requests)."""
+    with grpc.insecure_channel(address) as ch:
+        return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
+
+
+def wait_for(cond, timeout: float = SEEN_WITHIN_S) -> float:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout} s")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def run_load(mesh: Mesh, n: int, max_tokens: int, errors: list[BaseException], seed: int) -> threading.Thread:
+    def one(i: int) -> None:
+        try:
+            with Client(mesh.router_address, timeout=120) as c:
+                out = c.complete([5 + seed, 7 + i, 11, 13 + i] * 6, max_tokens=max_tokens, temperature=0,
+                                 ignore_eos=True)
+                assert len(out.token_ids) == max_tokens
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+
+    def join_all() -> None:
+        for t in threads:
+            t.join(180)
+
+    waiter = threading.Thread(target=join_all)
+    waiter.start()
+    return waiter
+
+
+def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: Path) -> None:
+    spawned = time.monotonic()
+    p2, p2_addr = start_worker(live_mesh, tmp_path, "prefill", "prefill-late")
+    serving_s = time.monotonic() - spawned
+    d2, d2_addr = start_worker(live_mesh, tmp_path, "decode", "decode-late")
+    try:
+        joined_s = wait_for(lambda: all(a in listed(live_mesh) and listed(live_mesh)[a].healthy
+                                        for a in (p2_addr, d2_addr)))
+        errors: list[BaseException] = []
+        run_load(live_mesh, 16, 8, errors, seed=0).join(180)
+        assert not errors
+        assert info(p2_addr).computed_prompt_tokens > 0, "the new prefill worker got no request"
+        assert info(d2_addr).cached_blocks > 0, "the new decode worker got no request"
+
+        # Drain the new decode worker while streams run through the mesh: none may fail.
+        errors = []
+        waiter = run_load(live_mesh, 12, 48, errors, seed=1)
+        time.sleep(0.3)
+        d2.send_signal(signal.SIGTERM)
+        gone_s = wait_for(lambda: d2_addr not in listed(live_mesh) or not listed(live_mesh)[d2_addr].healthy)
+        waiter.join(180)
+        assert not errors, errors[:3]
+        assert d2.wait(30) == 0
+
+        # A worker that dies without leaving is dropped once its membership key expires.
+        p2.kill()
+        expired_s = wait_for(lambda: p2_addr not in listed(live_mesh) or not listed(live_mesh)[p2_addr].healthy,
+                             timeout=3.0 + SEEN_WITHIN_S)
+        errors = []
+        run_load(live_mesh, 4, 4, errors, seed=2).join(180)
+        assert not errors
+        print(f"\nprocess start to serving {serving_s:.2f} s, then to routable {joined_s:.2f} s; leave on SIGTERM {gone_s:.2f} s, expiry after SIGKILL {expired_s:.2f} s")
+    finally:
+        for p in (p2, d2):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_a_mismatched_worker_joining_is_refused_with_the_reason(live_mesh: Mesh, tmp_path: Path) -> None:
+    proc, addr = start_worker(live_mesh, tmp_path, "decode", "decode-odd", "--block-size", "8")
+    try:
+        wait_for(lambda: addr in listed(live_mesh) and listed(live_mesh)[addr].refused_reason != "")
+        status = listed(live_mesh)[addr]
+        assert not status.healthy and "block_size 8" in status.refused_reason
+        errors: list[BaseException] = []
+        run_load(live_mesh, 4, 4, errors, seed=3).join(180)
+        assert not errors
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -42,19 +43,48 @@ def build_request(prompt: str | list[int], request_id: str = "", cache_salt: str
     return req
 
 
+@dataclass(frozen=True)
+class Security:
+    """How a client reaches a router that uses TLS and / or an API key: ``tls_ca`` verifies
+    the router (PEM path), ``tls_cert`` / ``tls_key`` are the client's own certificate when
+    the router requires mutual TLS, ``api_key`` is sent as ``authorization: Bearer``."""
+
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    api_key: str = ""
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not (self.tls_ca or self.tls_cert):
+            return None
+
+        def read(path: str) -> bytes | None:
+            return Path(path).read_bytes() if path else None
+
+        return grpc.ssl_channel_credentials(read(self.tls_ca), read(self.tls_key), read(self.tls_cert))
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.api_key}"),) if self.api_key else ()
+
+
 class AsyncClient:
     """``async with AsyncClient(addr) as c: async for resp in c.generate(prompt, max_tokens=8)``."""
 
-    def __init__(self, address: str, timeout: float = 600.0) -> None:
+    def __init__(self, address: str, timeout: float = 600.0, security: Security | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.security = security or Security()
+        creds = self.security.credentials()
+        self._channel = (grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS) if creds
+                         else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
     async def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
                        ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         """Stream responses; raises ``grpc.aio.AioRpcError`` with the mesh's status on failure."""
-        call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout or self.timeout)
+        call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout or self.timeout,
+                                   metadata=self.security.metadata)
         try:
             async for resp in call:
                 yield resp
@@ -74,10 +104,13 @@ class AsyncClient:
 class Client:
     """``Client("127.0.0.1:50051").complete("def main():", max_tokens=32, temperature=0)``."""
 
-    def __init__(self, address: str, timeout: float = 600.0) -> None:
+    def __init__(self, address: str, timeout: float = 600.0, security: Security | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.security = security or Security()
+        creds = self.security.credentials()
+        self._channel = (grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS) if creds
+                         else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
     def request(self, prompt: str | list[int], request_id: str = "", cache_salt: str = "",
@@ -87,7 +120,8 @@ class Client:
     def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
                  ) -> Iterator[generate_pb2.GenerateResponse]:
         """Stream responses; raises ``grpc.RpcError`` with the mesh's status code on failure."""
-        yield from self._stub.Generate(self.request(prompt, **kwargs), timeout=timeout or self.timeout)
+        yield from self._stub.Generate(self.request(prompt, **kwargs), timeout=timeout or self.timeout,
+                                       metadata=self.security.metadata)
 
     def complete(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any) -> Completion:
         """The whole completion (``n`` = 1; see ``complete_n``)."""
@@ -113,14 +147,16 @@ class Client:
         return outs
 
     def abort(self, request_id: str) -> bool:
-        return self._stub.Abort(generate_pb2.AbortRequest(request_id=request_id), timeout=10).aborted
+        return self._stub.Abort(generate_pb2.AbortRequest(request_id=request_id), timeout=10,
+                                metadata=self.security.metadata).aborted
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self._stub.Tokenize(generate_pb2.TokenizeRequest(text=text), timeout=10).token_ids)
+        return list(self._stub.Tokenize(generate_pb2.TokenizeRequest(text=text), timeout=10,
+                                        metadata=self.security.metadata).token_ids)
 
     def detokenize(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         req = generate_pb2.DetokenizeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
-        return self._stub.Detokenize(req, timeout=10).text
+        return self._stub.Detokenize(req, timeout=10, metadata=self.security.metadata).text
 
     def close(self) -> None:
         self._channel.close()

@@ -22,6 +22,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from pdmesh.rpc.tls import TLSFiles
+
 
 @dataclass
 class MeshSpec:
@@ -44,6 +46,10 @@ class MeshSpec:
     log_dir: str = ""
     """Where each process writes its log (default: a temporary folder)."""
     start_timeout_s: float = 180.0
+    tls_cert: str = ""
+    """TLS for every process of the mesh (``--tls-cert/--tls-key/--tls-ca`` on each)."""
+    tls_key: str = ""
+    tls_ca: str = ""
 
 
 @dataclass
@@ -88,6 +94,7 @@ class Mesh:
         self.decode: list[Proc] = []
         self.kvstore: list[Proc] = []
         self.router: Proc | None = None
+        self.tls = TLSFiles.load(spec.tls_cert, spec.tls_key, spec.tls_ca)
 
     @property
     def redis_url(self) -> str:
@@ -183,6 +190,10 @@ class Mesh:
         return proc
 
     def _spawn(self, name: str, args: list[str]) -> Proc:
+        for flag, value in (("--tls-cert", self.spec.tls_cert), ("--tls-key", self.spec.tls_key),
+                            ("--tls-ca", self.spec.tls_ca)):
+            if value and flag not in args:
+                args = [*args, flag, value]
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
         log_path = self.log_dir / f"{name}.log"
@@ -221,7 +232,7 @@ class Mesh:
                 raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
             if port_file.is_file() and not proc.address:
                 proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
-            if proc.address and is_serving(proc.address):
+            if proc.address and is_serving(proc.address, self.tls):
                 metrics_file = Path(str(port_file) + ".metrics")
                 if metrics_file.is_file():
                     proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
@@ -258,9 +269,10 @@ def _layout_args(worker_args: list[str]) -> list[str]:
     return out
 
 
-def is_serving(address: str) -> bool:
+def is_serving(address: str, tls: TLSFiles | None = None) -> bool:
     try:
-        with grpc.insecure_channel(address) as ch:
+        with (grpc.secure_channel(address, tls.channel_credentials()) if tls is not None
+              else grpc.insecure_channel(address)) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
             return resp.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:

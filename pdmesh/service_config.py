@@ -44,6 +44,14 @@ class ServerConfig:
     """Prometheus /metrics port: -1 off, 0 any free port (written to {port_file}.metrics)."""
     drain_grace_s: float = 10.0
     """On SIGTERM, how long in-flight calls may finish."""
+    tls_cert: str = ""
+    """PEM certificate chain: serve gRPC over TLS and present it to other pdmesh services
+    (empty: plaintext)."""
+    tls_key: str = ""
+    """PEM private key of tls_cert."""
+    tls_ca: str = ""
+    """PEM CA: verify peers with it and require client certificates (mutual TLS); empty:
+    peers are verified against tls_cert itself."""
 
 
 @functools.cache

@@ -90,6 +90,10 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                         help=f"{docs[name]} (default: the worker's, {getattr(EngineArgs, name)})")
     up.add_argument("--threads", default=None,
                     help="torch threads per worker (default: the machine's cores shared equally)")
+    for flag, what in (("--tls-cert", "PEM certificate every process serves and presents"),
+                       ("--tls-key", "PEM key of --tls-cert"),
+                       ("--tls-ca", "PEM CA: mutual TLS between all processes and with clients")):
+        up.add_argument(flag, default="", help=f"{what} (default: plaintext)")
     up.add_argument("--speculative-config", default=None,
                     help=f"decode workers only: {docs['speculative_config']} (default: off)")
     # Router options.
@@ -132,6 +136,7 @@ def run_up(args: argparse.Namespace) -> int:
                                              "local_prefill_tokens", "prefill_busy_requests", "api_key")),
         http_port=None if args.no_http else args.http_port,
         decode_args=_flags(args, ("speculative_config",)),
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

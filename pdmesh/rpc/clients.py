@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 
 from pdmesh.mesh_types import WorkerInfo
+from pdmesh.rpc import tls
 from pdmesh.rpc.convert import info_from_proto
 from pdmesh.rpc.server import CHANNEL_OPTIONS
 from pdmesh.v1 import kvstore_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -14,10 +15,13 @@ _channels: dict[str, grpc.aio.Channel] = {}
 
 
 def channel(address: str) -> grpc.aio.Channel:
-    """One channel per address for the life of the process (per event loop)."""
+    """One channel per address for the life of the process (per event loop); TLS (with
+    this process's certificate as client identity) when the process is configured for it."""
     ch = _channels.get(address)
     if ch is None:
-        ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        files = tls.current()
+        ch = (grpc.aio.secure_channel(address, files.channel_credentials(), options=CHANNEL_OPTIONS)
+              if files is not None else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
         _channels[address] = ch
     return ch
 

@@ -13,7 +13,7 @@ import functools
 import inspect
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -21,6 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pdmesh.rpc.status import message_for, status_for
+from pdmesh.rpc.tls import TLSFiles
+from pdmesh.rpc.tls import configure as configure_tls
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +131,19 @@ def _wrap_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def create_server(
-    address: str, service_names: list[str], max_receive_bytes: int = MAX_MESSAGE_BYTES
+    address: str, service_names: list[str], max_receive_bytes: int = MAX_MESSAGE_BYTES,
+    tls: TLSFiles | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """A bound (not started) server with health (NOT_SERVING) and reflection. A request
-    larger than ``max_receive_bytes`` is refused by gRPC (RESOURCE_EXHAUSTED) before it is
-    read into memory."""
+    """A bound (not started) server with health (NOT_SERVING) and reflection, over TLS when
+    ``tls`` is given (and the process's channels too: ``tls.configure``). A request larger
+    than ``max_receive_bytes`` is refused by gRPC (RESOURCE_EXHAUSTED) before it is read
+    into memory. ``interceptors`` run before the error mapping (authentication)."""
     options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
-    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()], options=options)
-    port = server.add_insecure_port(address)
+    server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=options)
+    configure_tls(tls)
+    port = (server.add_secure_port(address, tls.server_credentials()) if tls is not None
+            else server.add_insecure_port(address))
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     health_servicer = health.aio.HealthServicer()

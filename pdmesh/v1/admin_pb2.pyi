@@ -12,24 +12,32 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("address", "info", "healthy", "refused_reason", "in_flight")
+    __slots__ = ("address", "info", "healthy", "refused_reason", "in_flight", "role", "state", "joined")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     REFUSED_REASON_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     address: str
     info: _worker_pb2.WorkerInfo
     healthy: bool
     refused_reason: str
     in_flight: int
-    def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., healthy: _Optional[bool] = ..., refused_reason: _Optional[str] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    role: str
+    state: str
+    joined: bool
+    def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., healthy: _Optional[bool] = ..., refused_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., joined: _Optional[bool] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
-    __slots__ = ("workers",)
+    __slots__ = ("workers", "index")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+    index: str
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., index: _Optional[str] = ...) -> None: ...
 
 class RouterStatsRequest(_message.Message):
     __slots__ = ()

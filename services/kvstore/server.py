@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from pdmesh.rpc.process import advertised, cancel_all, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
+from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
 from services.kvstore import servicer
@@ -40,7 +41,8 @@ def _registry(pool: StorePool) -> CollectorRegistry:
 
 
 def create_server(cfg: KVStoreConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, StorePool]:
-    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", NAMES)
+    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", NAMES,
+                                                       tls=TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca))
     pool = StorePool(cfg)
     servicer.add_to_server(server, pool)
     return server, port, health_servicer, pool

@@ -166,6 +166,14 @@ class RouterCore:
         self.recent.remember(hashes, decision.worker.worker_id)
         return decision
 
+    def index_health(self) -> str:
+        if self.index is None:
+            return "none"
+        if self.index_failing_since is None:
+            return "ok"
+        return (f"unreachable for {time.monotonic() - self.index_failing_since:.0f} s "
+                f"({self.index_fallbacks} lookups fell back to consistent hashing)")
+
     async def _matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]
                        ) -> tuple[dict[str, int] | None, int]:
         """Leading cached blocks per live prefill worker, and in the kvstore tier."""

@@ -68,6 +68,17 @@ class WorkerHandle:
         queued = self.info.num_waiting if self.info is not None and self.info_at > self.released_at else 0
         return self.in_flight + queued
 
+    @property
+    def state(self) -> str:
+        """What ``MeshAdmin.ListWorkers`` and ``pdmesh status`` show."""
+        if self.left:
+            return "draining" if self.in_flight else "left"
+        if self.refused:
+            return "refused"
+        if self.healthy:
+            return "serving"
+        return "joining" if self.info is None and not self.failures else "down"
+
     def acquire(self) -> None:
         self.in_flight += 1
 

@@ -9,7 +9,9 @@ import grpc
 from grpc_health.v1 import health
 
 from pdmesh.rpc.process import advertised, cancel_all, write_port_file
+from pdmesh.rpc.auth import BearerTokenInterceptor
 from pdmesh.rpc.server import create_server as create_grpc_server
+from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import serve_metrics
 from services.router import servicer
@@ -19,8 +21,12 @@ from services.router.registry import Registry
 
 
 def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, RouterCore]:
-    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", servicer.SERVICES,
-                                                       int(cfg.max_request_mb * 2**20))
+    api_key = cfg.api_key or os.environ.get("PDMESH_API_KEY", "")
+    guards = [BearerTokenInterceptor(api_key, servicer.SERVICES)] if api_key else []
+    server, port, health_servicer = create_grpc_server(
+        f"{cfg.host}:{cfg.port}", servicer.SERVICES, int(cfg.max_request_mb * 2**20),
+        TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca), guards,
+    )
     index = None
     if cfg.redis_url:
         from pdmesh.index.lookup import PrefixIndex

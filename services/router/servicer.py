@@ -78,10 +78,10 @@ class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
         self.core = core
 
     async def ListWorkers(self, request, context) -> admin_pb2.ListWorkersResponse:  # noqa: N802
-        out = admin_pb2.ListWorkersResponse()
+        out = admin_pb2.ListWorkersResponse(index=self.core.index_health())
         for w in self.core.workers.workers:
-            status = out.workers.add(address=w.address, healthy=w.healthy,
-                                     refused_reason=w.refused, in_flight=w.in_flight)
+            status = out.workers.add(address=w.address, healthy=w.healthy, refused_reason=w.refused,
+                                     in_flight=w.in_flight, role=w.role, state=w.state, joined=w.joined)
             if w.info is not None:
                 status.info.CopyFrom(info_to_proto(w.info))
         return out

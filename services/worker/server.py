@@ -18,6 +18,7 @@ from grpc_health.v1 import health
 
 from pdmesh.rpc.process import cancel_all, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
+from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import serve_metrics
 from services.worker import servicer
@@ -43,7 +44,8 @@ class WorkerServer:
 
 def create_server(cfg: WorkerConfig, role_service: str, attach: Attach) -> WorkerServer:
     names = [servicer.SERVICE, role_service]
-    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", names)
+    server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", names,
+                                                       tls=TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca))
     core = WorkerCore(cfg, port)
     servicer.add_to_server(server, core)
     return WorkerServer(server, health_servicer, core, names, attach(server, core))

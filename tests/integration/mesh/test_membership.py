@@ -60,6 +60,13 @@ def info(address: str) -> worker_pb2.WorkerInfo:
         return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
 
 
+def status_table(mesh: Mesh) -> str:
+    """What ``pdmesh status ROUTER`` prints."""
+    out = subprocess.run([sys.executable, "-m", "pdmesh", "status", mesh.router_address],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout
+
+
 def wait_for(cond, timeout: float = SEEN_WITHIN_S) -> float:  # type: ignore[no-untyped-def]
     start = time.monotonic()
     while not cond():
@@ -100,6 +107,11 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
     try:
         joined_s = wait_for(lambda: all(a in listed(live_mesh) and listed(live_mesh)[a].healthy
                                         for a in (p2_addr, d2_addr)))
+        table = status_table(live_mesh)
+        assert "prefix index: ok" in table
+        for name in ("prefill-late", "decode-late"):
+            row = next(line for line in table.splitlines() if name in line)
+            assert "serving" in row and "redis" in row, table
         errors: list[BaseException] = []
         run_load(live_mesh, 16, 8, errors, seed=0).join(180)
         assert not errors
@@ -136,7 +148,9 @@ def test_a_mismatched_worker_joining_is_refused_with_the_reason(live_mesh: Mesh,
     try:
         wait_for(lambda: addr in listed(live_mesh) and listed(live_mesh)[addr].refused_reason != "")
         status = listed(live_mesh)[addr]
-        assert not status.healthy and "block_size 8" in status.refused_reason
+        assert not status.healthy and status.state == "refused" and "block_size 8" in status.refused_reason
+        row = next(line for line in status_table(live_mesh).splitlines() if "decode-odd" in line)
+        assert "refused" in row and "block_size 8 differs" in row
         errors: list[BaseException] = []
         run_load(live_mesh, 4, 4, errors, seed=3).join(180)
         assert not errors

@@ -108,11 +108,12 @@ class Mesh:
 
     @property
     def http_url(self) -> str:
-        """``http://127.0.0.1:PORT`` of the router's HTTP API (started with ``http_port``)."""
+        """``http(s)://127.0.0.1:PORT`` of the router's HTTP API (started with ``http_port``)."""
         port_file = self.log_dir / "router.port.http"
         if self.router is None or not port_file.is_file():
             raise RuntimeError("the router serves no HTTP API (MeshSpec.http_port is None)")
-        return f"http://127.0.0.1:{port_file.read_text().strip()}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{port_file.read_text().strip()}"
 
     # -- start ------------------------------------------------------------------------
     def start(self) -> Mesh:

@@ -48,11 +48,13 @@ async def serve(cfg: RouterConfig) -> None:
     if cfg.http_port >= 0:
         from services.router.http.server import HTTPFront
 
-        http = HTTPFront(core, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""))
+        http = HTTPFront(core, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""),
+                         cfg.tls_cert, cfg.tls_key)
         http_port = await http.start()
         if cfg.port_file:
             write_port_file(cfg.port_file + ".http", http_port)
-        print(f"pdmesh router HTTP API on http://{cfg.host}:{http_port}", flush=True)
+        scheme = "https" if cfg.tls_cert else "http"
+        print(f"pdmesh router HTTP API on {scheme}://{cfg.host}:{http_port}", flush=True)
     serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
     write_port_file(cfg.port_file, port)
     await set_serving(health_servicer, servicer.SERVICES, True)

@@ -1,6 +1,7 @@
 """``pdmesh bench serve --target T [--compare T2] [workload] [arrivals] --out DIR``.
 
-Targets: ``grpc://HOST:PORT`` (a pdmesh router), ``http://HOST:PORT`` (any OpenAI-compatible
+Targets: ``grpc://HOST:PORT`` (a pdmesh router; ``grpcs://`` over TLS with ``--tls-*``),
+``http://HOST:PORT`` (any OpenAI-compatible
 server), ``pdmesh:P+D[/grpc]`` and ``vllm:PEER_DIR`` (started and stopped by the benchmark,
 ``servers.py``). With ``--compare`` the two targets run alternately, ``--rounds`` times each,
 on the same prompts, and the table ends with their ratios.
@@ -26,7 +27,7 @@ from pdmesh.bench.serve.workloads import WorkloadSpec, build
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True,
-                   help="grpc://H:P, http://H:P, pdmesh:P+D[/grpc] or vllm:PEER_DIR (required)")
+                   help="grpc://H:P, grpcs://H:P (TLS), http(s)://H:P, pdmesh:P+D[/grpc] or vllm:PEER_DIR (required)")
     p.add_argument("--compare", default=None, help="a second target, run alternately (default: none)")
     p.add_argument("--model", default=None, help="model folder (needed to start pdmesh: or vllm: targets, "
                    "and the model name sent to HTTP targets; default: asked from /v1/models)")
@@ -53,7 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw new prompts for every run (targets that share one server must not hit "
                         "each other's prefix cache); default: the same prompts for every run")
     p.add_argument("--vocab", type=int, default=None, help="token ids are drawn below this (default: the model's)")
-    p.add_argument("--api-key", default="", help="bearer token for HTTP targets (default: none)")
+    p.add_argument("--api-key", default="", help="bearer token for HTTP and gRPC targets (default: none)")
+    p.add_argument("--tls-ca", default="", help="grpcs://H:P targets (grpc:// is plaintext): PEM CA to verify the router (default: none)")
+    p.add_argument("--tls-cert", default="", help="grpcs:// targets: client certificate for mutual TLS (default: none)")
+    p.add_argument("--tls-key", default="", help="grpcs:// targets: key of --tls-cert (default: none)")
     p.add_argument("--out", default="bench-results/serve", help="folder for serve.json and PNGs (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -74,8 +78,12 @@ def _start(spec: str, args: argparse.Namespace) -> servers.Started:
 
 
 def _target(started: servers.Started, args: argparse.Namespace) -> Target:
-    if started.url.startswith("grpc://"):
-        return GrpcTarget(started.url.removeprefix("grpc://"))
+    if started.url.startswith(("grpc://", "grpcs://")):
+        from pdmesh.client import Security
+
+        scheme, _, address = started.url.partition("://")
+        tls = (args.tls_ca, args.tls_cert, args.tls_key) if scheme == "grpcs" else ("", "", "")
+        return GrpcTarget(address, Security(*tls, api_key=args.api_key))
     return OpenAITarget(started.url, started.model or _served_model(started.url), args.api_key)
 
 

@@ -40,11 +40,13 @@ class Target(Protocol):
 
 
 class GrpcTarget:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, security: Any = None) -> None:
+        """``security``: a ``pdmesh.client.Security`` (TLS material, API key) or None."""
         from pdmesh.client import AsyncClient
 
-        self.name = f"grpc://{address}"
-        self.client = AsyncClient(address)
+        secure = security is not None and security.credentials() is not None
+        self.name = f"{'grpcs' if secure else 'grpc'}://{address}"
+        self.client = AsyncClient(address, security=security)
 
     async def send(self, prompt: list[int] | str, max_tokens: int, record: Record) -> None:
         import grpc

@@ -39,7 +39,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tls_mesh(llama_dir: Path, certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, kvstore=1, worker_args=WORKER_ARGS,
-                    router_args=["--api-key", KEY], log_dir=str(tmp_path_factory.mktemp("tls-logs")),
+                    router_args=["--api-key", KEY], http_port=0, log_dir=str(tmp_path_factory.mktemp("tls-logs")),
                     tls_cert=str(certs / "mesh.pem"), tls_key=str(certs / "mesh.key"),
                     tls_ca=str(certs / "ca.pem"))
     with Mesh(spec) as m:
@@ -87,3 +87,26 @@ def test_status_needs_the_same_credentials(tls_mesh: Mesh, certs: Path) -> None:
     assert ok.returncode == 0 and "serving" in ok.stdout, ok.stderr
     refused = subprocess.run([*base, "--api-key", ""], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+
+
+def test_the_http_front_is_https_with_the_same_key(tls_mesh: Mesh, certs: Path) -> None:
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    assert tls_mesh.http_url.startswith("https://")
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    body = json.dumps({"model": tls_mesh.spec.model, "prompt": [5, 6, 7, 8], "max_tokens": 3,
+                       "temperature": 0}).encode()
+
+    def post(key: str) -> dict:  # type: ignore[type-arg]
+        req = urllib.request.Request(tls_mesh.http_url + "/v1/completions", data=body, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, context=ctx, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    assert post(KEY)["usage"]["completion_tokens"] == 3
+    with pytest.raises(urllib.error.HTTPError) as err:
+        post("wrong")
+    assert err.value.code == 401

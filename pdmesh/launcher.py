@@ -271,13 +271,18 @@ def _layout_args(worker_args: list[str]) -> list[str]:
 
 
 def is_serving(address: str, tls: TLSFiles | None = None) -> bool:
+    return health_status(address, tls.channel_credentials() if tls is not None else None) == "SERVING"
+
+
+def health_status(address: str, credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The service's overall gRPC health (SERVING, NOT_SERVING ...) or why there is none."""
     try:
-        with (grpc.secure_channel(address, tls.channel_credentials()) if tls is not None
+        with (grpc.secure_channel(address, credentials) if credentials is not None
               else grpc.insecure_channel(address)) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-            return resp.status == health_pb2.HealthCheckResponse.SERVING
-    except grpc.RpcError:
-        return False
+            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+    except grpc.RpcError as exc:
+        return f"unreachable ({exc.code().name})"  # type: ignore[attr-defined]
 
 
 def _terminate(procs: list[Proc], grace: float) -> None:

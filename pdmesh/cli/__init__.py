@@ -151,9 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_up_flags(up)
     up.set_defaults(func=run_up)
     _add_bench(sub)
-    from pdmesh.cli.status import add_status
+    from pdmesh.cli.status import add_probe, add_status
 
     add_status(sub)
+    add_probe(sub)
     return parser
 
 

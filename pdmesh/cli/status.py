@@ -1,4 +1,6 @@
-"""``pdmesh status ROUTER``: the router's view of the mesh as a table."""
+"""``pdmesh status ROUTER``: the router's view of the mesh as a table; ``pdmesh probe
+ADDRESS``: exit 0 when a service's gRPC health says SERVING (a Kubernetes exec probe that,
+unlike kubelet's built-in gRPC probe, speaks TLS)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,24 @@ def add_status(sub) -> None:  # type: ignore[no-untyped-def]
     p.add_argument("router", help="the router's gRPC address, HOST:PORT")
     add_security_flags(p)
     p.set_defaults(func=run_status)
+
+
+def add_probe(sub) -> None:  # type: ignore[no-untyped-def]
+    p = sub.add_parser("probe", help="exit 0 if the service at ADDRESS reports SERVING (health check)")
+    p.add_argument("address", help="HOST:PORT of any pdmesh service")
+    p.add_argument("--tls-ca", default="", help="PEM CA to verify it (default: plaintext)")
+    p.add_argument("--tls-cert", default="", help="PEM client certificate, for mutual TLS (default: none)")
+    p.add_argument("--tls-key", default="", help="PEM key of --tls-cert (default: none)")
+    p.set_defaults(func=run_probe)
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    from pdmesh.client import Security
+    from pdmesh.launcher import health_status
+
+    status = health_status(args.address, Security(args.tls_ca, args.tls_cert, args.tls_key).credentials())
+    print(f"{args.address}: {status}")
+    return 0 if status == "SERVING" else 1
 
 
 def add_security_flags(p: argparse.ArgumentParser) -> None:

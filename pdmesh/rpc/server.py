@@ -133,6 +133,7 @@ def _wrap_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
 def create_server(
     address: str, service_names: list[str], max_receive_bytes: int = MAX_MESSAGE_BYTES,
     tls: TLSFiles | None = None, interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    require_client_cert: bool = True,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A bound (not started) server with health (NOT_SERVING) and reflection, over TLS when
     ``tls`` is given (and the process's channels too: ``tls.configure``). A request larger
@@ -142,7 +143,7 @@ def create_server(
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=options)
     configure_tls(tls)
-    port = (server.add_secure_port(address, tls.server_credentials()) if tls is not None
+    port = (server.add_secure_port(address, tls.server_credentials(require_client_cert)) if tls is not None
             else server.add_insecure_port(address))
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")

@@ -51,9 +51,11 @@ class TLSFiles:
     def mutual(self) -> bool:
         return self.ca is not None
 
-    def server_credentials(self) -> grpc.ServerCredentials:
+    def server_credentials(self, require_client_auth: bool = True) -> grpc.ServerCredentials:
+        """``require_client_auth`` (with a CA) makes it mutual; a public port may turn it off
+        and authenticate clients by API key instead."""
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
-                                           require_client_auth=self.mutual)
+                                           require_client_auth=self.mutual and require_client_auth)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.ca or self.cert,

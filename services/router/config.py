@@ -42,6 +42,10 @@ class RouterConfig(MeshContract, ServerConfig):
     (any prefill worker can fetch it, at the cost of a transfer)."""
     balance_threshold: int = 8
     """cache_aware imbalance guard: when in-flight counts differ by more, pick the least loaded."""
+    require_client_cert: bool = True
+    """With tls_ca: public clients of the gRPC port must present a certificate the CA
+    signed (mutual TLS); false: server-side TLS, clients authenticated by api_key. Hops to
+    workers stay mutual either way."""
     membership_interval_s: float = 0.5
     """With redis_url: how often the worker membership in Redis is read (workers joining or
     leaving are seen within this; one that dies unannounced within its TTL, 3 s, plus this)."""

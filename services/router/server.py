@@ -25,7 +25,7 @@ def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.H
     guards = [BearerTokenInterceptor(api_key, servicer.SERVICES)] if api_key else []
     server, port, health_servicer = create_grpc_server(
         f"{cfg.host}:{cfg.port}", servicer.SERVICES, int(cfg.max_request_mb * 2**20),
-        TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca), guards,
+        TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca), guards, cfg.require_client_cert,
     )
     index = None
     if cfg.redis_url:

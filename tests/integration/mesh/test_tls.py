@@ -110,3 +110,48 @@ def test_the_http_front_is_https_with_the_same_key(tls_mesh: Mesh, certs: Path) 
     with pytest.raises(urllib.error.HTTPError) as err:
         post("wrong")
     assert err.value.code == 401
+
+
+def test_a_public_port_without_client_certificates_still_needs_the_key(
+    tls_mesh: Mesh, certs: Path, tmp_path: Path
+) -> None:
+    """``--require-client-cert false``: public clients verify the router and send the API
+    key; the router's own hops to the workers stay mutual TLS."""
+    import os
+    import sys
+    import time
+
+    from pdmesh.launcher import is_serving
+    from pdmesh.rpc.tls import TLSFiles
+
+    tls_flags = ["--tls-cert", str(certs / "mesh.pem"), "--tls-key", str(certs / "mesh.key"),
+                 "--tls-ca", str(certs / "ca.pem")]
+    port_file = tmp_path / "router2.port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdmesh", "router", "--model", tls_mesh.spec.model, "--redis-url", tls_mesh.redis_url,
+         "--port", "0", "--port-file", str(port_file), "--api-key", KEY, "--require-client-cert", "false",
+         *tls_flags], stdout=(tmp_path / "router2.log").open("wb"), stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        files = TLSFiles.load(str(certs / "mesh.pem"), str(certs / "mesh.key"), str(certs / "ca.pem"))
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}", files)):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "router2.log").read_text()[-2000:]
+            time.sleep(0.1)
+        address = f"127.0.0.1:{port_file.read_text().strip()}"
+        public = Security(tls_ca=str(certs / "ca.pem"), api_key=KEY)
+        with Client(address, timeout=60, security=public) as c:
+            deadline = time.monotonic() + 30
+            while True:  # the membership brings the workers within a poll
+                try:
+                    assert len(c.complete([5, 6, 7, 8], max_tokens=3, temperature=0).token_ids) == 3
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+                    time.sleep(0.2)
+        with Client(address, timeout=10, security=Security(tls_ca=str(certs / "ca.pem"))) as c:
+            with pytest.raises(grpc.RpcError) as err:
+                c.complete([5, 6], max_tokens=2)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -12,7 +12,7 @@ import grpc
 
 from pdmesh.rpc.convert import FINISH_NAMES
 from pdmesh.rpc.server import CHANNEL_OPTIONS
-from pdmesh.v1 import common_pb2, generate_pb2, generate_pb2_grpc
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, generate_pb2, generate_pb2_grpc
 
 
 @dataclass
@@ -157,6 +157,11 @@ class Client:
     def detokenize(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         req = generate_pb2.DetokenizeRequest(token_ids=token_ids, skip_special_tokens=skip_special_tokens)
         return self._stub.Detokenize(req, timeout=10, metadata=self.security.metadata).text
+
+    def list_workers(self) -> admin_pb2.ListWorkersResponse:
+        """The router's view of its workers and the prefix index (``MeshAdmin.ListWorkers``)."""
+        return admin_pb2_grpc.MeshAdminStub(self._channel).ListWorkers(
+            admin_pb2.ListWorkersRequest(), timeout=10, metadata=self.security.metadata)
 
     def close(self) -> None:
         self._channel.close()

@@ -20,9 +20,7 @@ def add_status(sub) -> None:  # type: ignore[no-untyped-def]
 def add_probe(sub) -> None:  # type: ignore[no-untyped-def]
     p = sub.add_parser("probe", help="exit 0 if the service at ADDRESS reports SERVING (health check)")
     p.add_argument("address", help="HOST:PORT of any pdmesh service")
-    p.add_argument("--tls-ca", default="", help="PEM CA to verify it (default: plaintext)")
-    p.add_argument("--tls-cert", default="", help="PEM client certificate, for mutual TLS (default: none)")
-    p.add_argument("--tls-key", default="", help="PEM key of --tls-cert (default: none)")
+    add_security_flags(p, api_key=False)
     p.set_defaults(func=run_probe)
 
 
@@ -35,11 +33,12 @@ def run_probe(args: argparse.Namespace) -> int:
     return 0 if status == "SERVING" else 1
 
 
-def add_security_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tls-ca", default="", help="PEM CA to verify the router (default: plaintext)")
+def add_security_flags(p: argparse.ArgumentParser, api_key: bool = True) -> None:
+    p.add_argument("--tls-ca", default="", help="PEM CA to verify the server (default: plaintext)")
     p.add_argument("--tls-cert", default="", help="PEM client certificate, for mutual TLS (default: none)")
     p.add_argument("--tls-key", default="", help="PEM key of --tls-cert (default: none)")
-    p.add_argument("--api-key", default=None, help="bearer token (default: PDMESH_API_KEY, else none)")
+    if api_key:
+        p.add_argument("--api-key", default=None, help="bearer token (default: PDMESH_API_KEY, else none)")
 
 
 def security_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -52,16 +51,13 @@ def security_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from pdmesh.v1 import admin_pb2, admin_pb2_grpc
+    from pdmesh.client import Client
 
-    security = security_from_args(args)
-    creds = security.credentials()
-    with (grpc.secure_channel(args.router, creds) if creds else grpc.insecure_channel(args.router)) as ch:
+    with Client(args.router, security=security_from_args(args)) as client:
         try:
-            resp = admin_pb2_grpc.MeshAdminStub(ch).ListWorkers(
-                admin_pb2.ListWorkersRequest(), timeout=10, metadata=security.metadata)
+            resp = client.list_workers()
         except grpc.RpcError as exc:
-            print(f"pdmesh status: {args.router}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            print(f"pdmesh status: {args.router}: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
             return 1
     print(f"router {args.router}   prefix index: {resp.index}")
     header = ("ROLE", "WORKER", "ADDRESS", "STATE", "IN-FLIGHT", "RUNNING", "WAITING", "FREE/BLOCKS", "FROM", "REASON")

@@ -14,6 +14,7 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec, is_serving
+from pdmesh.rpc.tls import TLSFiles
 from pdmesh.v1 import admin_pb2_grpc, worker_pb2
 
 WORKER_ARGS = ["--dtype", "float32", "--num-blocks", "256", "--block-size", "16"]
@@ -66,23 +67,31 @@ def client(mesh: Mesh) -> Iterator[Client]:
         yield c
 
 
-@contextlib.contextmanager
-def extra_process(tmp_path: Path, name: str, args: list[str], env: dict[str, str] | None = None
-                  ) -> Iterator[str]:
-    """One more ``pdmesh`` service process (on port 0); yields its address once SERVING."""
+def start_process(tmp_path: Path, name: str, args: list[str], env: dict[str, str] | None = None,
+                  tls: TLSFiles | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """One more ``pdmesh`` service process (on port 0), returned once SERVING with its address."""
     import os
 
     port_file = tmp_path / f"{name}.port"
     log_path = tmp_path / f"{name}.log"
     proc = subprocess.Popen([sys.executable, "-m", "pdmesh", *args, "--port", "0", "--port-file", str(port_file)],
                             stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + 120
+    while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}", tls)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{name} did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+@contextlib.contextmanager
+def extra_process(tmp_path: Path, name: str, args: list[str], env: dict[str, str] | None = None
+                  ) -> Iterator[str]:
+    """``start_process`` for the length of a ``with`` block; yields the address."""
+    proc, address = start_process(tmp_path, name, args, env)
     try:
-        deadline = time.monotonic() + 120
-        while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}")):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port_file.read_text().strip()}"
+        yield address
     finally:
         proc.terminate()
         proc.wait(15)

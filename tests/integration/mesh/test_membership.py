@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,9 +14,9 @@ import grpc
 import pytest
 
 from pdmesh.client import Client
-from pdmesh.launcher import Mesh, MeshSpec, is_serving
+from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
-from tests.integration.mesh.conftest import WORKER_ARGS, admin
+from tests.integration.mesh.conftest import WORKER_ARGS, admin, start_process
 
 SEEN_WITHIN_S = 5.0
 """Membership poll (0.5 s) + an Info call; generous for a loaded 2-core CI machine."""
@@ -34,20 +33,9 @@ def live_mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 def start_worker(mesh: Mesh, tmp: Path, role: str, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
     """A worker started with only the mesh's Redis URL (no router knows its address)."""
-    port_file = tmp / f"{name}.port"
-    log = (tmp / f"{name}.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pdmesh", role, "--model", mesh.spec.model, "--worker-id", name,
-         "--redis-url", mesh.redis_url, "--port", "0", "--port-file", str(port_file), "--threads", "1",
-         "--leave-notice-s", "0.6", *WORKER_ARGS, *extra],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ},
-    )
-    deadline = time.monotonic() + 120
-    while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}")):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{name} did not start: {(tmp / f'{name}.log').read_text()[-2000:]}")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+    return start_process(tmp, name, [role, "--model", mesh.spec.model, "--worker-id", name,
+                                     "--redis-url", mesh.redis_url, "--threads", "1",
+                                     "--leave-notice-s", "0.6", *WORKER_ARGS, *extra])
 
 
 def listed(mesh: Mesh) -> dict[str, admin_pb2.WorkerStatus]:

@@ -13,7 +13,7 @@ import pytest
 from pdmesh.client import Client, Security
 from pdmesh.launcher import Mesh, MeshSpec
 from tests.conftest import HFReference
-from tests.integration.mesh.conftest import WORKER_ARGS
+from tests.integration.mesh.conftest import WORKER_ARGS, start_process
 
 KEY = "s3cret-key"
 
@@ -117,27 +117,17 @@ def test_a_public_port_without_client_certificates_still_needs_the_key(
 ) -> None:
     """``--require-client-cert false``: public clients verify the router and send the API
     key; the router's own hops to the workers stay mutual TLS."""
-    import os
-    import sys
     import time
 
-    from pdmesh.launcher import is_serving
     from pdmesh.rpc.tls import TLSFiles
 
     tls_flags = ["--tls-cert", str(certs / "mesh.pem"), "--tls-key", str(certs / "mesh.key"),
                  "--tls-ca", str(certs / "ca.pem")]
-    port_file = tmp_path / "router2.port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pdmesh", "router", "--model", tls_mesh.spec.model, "--redis-url", tls_mesh.redis_url,
-         "--port", "0", "--port-file", str(port_file), "--api-key", KEY, "--require-client-cert", "false",
-         *tls_flags], stdout=(tmp_path / "router2.log").open("wb"), stderr=subprocess.STDOUT, env={**os.environ})
+    files = TLSFiles.load(str(certs / "mesh.pem"), str(certs / "mesh.key"), str(certs / "ca.pem"))
+    proc, address = start_process(tmp_path, "router2", [
+        "router", "--model", tls_mesh.spec.model, "--redis-url", tls_mesh.redis_url, "--api-key", KEY,
+        "--require-client-cert", "false", *tls_flags], tls=files)
     try:
-        files = TLSFiles.load(str(certs / "mesh.pem"), str(certs / "mesh.key"), str(certs / "ca.pem"))
-        deadline = time.monotonic() + 60
-        while not (port_file.is_file() and is_serving(f"127.0.0.1:{port_file.read_text().strip()}", files)):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "router2.log").read_text()[-2000:]
-            time.sleep(0.1)
-        address = f"127.0.0.1:{port_file.read_text().strip()}"
         public = Security(tls_ca=str(certs / "ca.pem"), api_key=KEY)
         with Client(address, timeout=60, security=public) as c:
             deadline = time.monotonic() + 30

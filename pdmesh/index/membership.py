@@ -2,11 +2,13 @@
 
 A worker started with ``--redis-url`` announces itself under
 ``pdmesh:member:{role}:{worker_id}`` with its address and epoch, renewed every
-``interval_s`` with a TTL of ``ttl_ms``; on SIGTERM it deletes the key before it stops
-taking requests (``leave``). Routers poll the keys (``read_members``) and add, drain and
-forget workers without a restart, so the staleness bound is the poll interval for joins
-and leaves, and the TTL plus the poll interval for a worker that dies without leaving.
-Static ``--prefill`` / ``--decode`` lists stay valid as seeds.
+``interval_s`` with a TTL of ``ttl_ms``; on SIGTERM it rewrites the record as ``leaving``
+before it stops taking requests (``leave``). Routers poll the records (``read_members``):
+a new member is added and asked for its ``Info`` at once, a leaving one gets no new
+requests. A record that merely expires says little (a worker under heavy load can miss a
+renewal), so death is decided as before by failing ``Info`` calls; a worker that both
+fails them and has no record is forgotten. Static ``--prefill`` / ``--decode`` lists stay
+valid as seeds.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from pdmesh.index import keys
 
 log = logging.getLogger(__name__)
 
-MEMBER_TTL_MS = 3000
-"""A member that stops renewing is gone this long after its last renewal."""
+MEMBER_TTL_MS = 5000
+"""A record not renewed for this long disappears (and with it, once its Info fails too,
+the worker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +37,16 @@ class Member:
     address: str
     epoch: str
     """Changes on every start: a restarted worker is a new member at the same address."""
+    state: str = "serving"
+    """"serving", or "leaving" once it got SIGTERM (drain: no new requests)."""
 
 
 class MemberAnnouncer:
     """Keeps one worker's membership key alive until ``leave``."""
 
     def __init__(self, url: str, member: Member, ttl_ms: int = MEMBER_TTL_MS,
-                 interval_s: float = 0.5) -> None:
-        self.redis = aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+                 interval_s: float = 1.0) -> None:
+        self.redis = aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self.member = member
         self.key = keys.member_key(member.role, member.worker_id)
         self.ttl_ms = ttl_ms
@@ -64,12 +69,15 @@ class MemberAnnouncer:
             await asyncio.sleep(self.interval_s)
 
     async def leave(self) -> None:
-        """Delete the key (routers stop sending new requests at their next poll)."""
+        """Mark the record "leaving" (routers stop sending new requests at their next poll);
+        it expires on its own after the TTL."""
         self._left = True
+        record = json.dumps(asdict(self.member) | {"state": "leaving"})
         try:
-            await asyncio.wait_for(self.redis.delete(self.key), timeout=1.0)
+            await asyncio.wait_for(self.redis.set(self.key, record, px=self.ttl_ms), timeout=1.0)
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("could not deregister from Redis (%s); the key expires in %d ms", exc, self.ttl_ms)
+            log.warning("could not announce leaving in Redis (%s); routers will notice the "
+                        "drain when this worker stops answering", exc)
 
 
 async def read_members(redis: aioredis.Redis) -> list[Member]:

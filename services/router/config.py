@@ -48,7 +48,7 @@ class RouterConfig(MeshContract, ServerConfig):
     workers stay mutual either way."""
     membership_interval_s: float = 0.5
     """With redis_url: how often the worker membership in Redis is read (workers joining or
-    leaving are seen within this; one that dies unannounced within its TTL, 3 s, plus this)."""
+    announcing that they leave are seen within this)."""
     info_interval_s: float = 0.5
     """How often to refresh every worker's Info (health, load, compatibility)."""
     info_timeout_s: float = 2.0

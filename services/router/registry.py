@@ -2,9 +2,10 @@
 
 Workers come from the static ``--prefill`` / ``--decode`` lists (seeds) and, with a Redis
 URL, from the live membership (``pdmesh/index/membership.py``): a member that appears is
-added and asked for its ``Info`` at once; one that leaves (drain) or expires (death) gets
-no new requests, and a joined worker is forgotten once this router has nothing in flight
-on it. A seed that leaves stays listed, down, until it announces itself again.
+added and asked for its ``Info`` at once; one that announces it is leaving (drain) gets no
+new requests; death is still decided by failing ``Info`` calls. A joined worker is
+forgotten once this router has nothing in flight on it and it left, or is down with no
+membership record. A seed that leaves stays listed until it announces itself again.
 
 A worker is refused (and never routed to) when its block size, hash seed or algorithm
 (or dtype, unless the router's is "auto") differ from the router's contract, when it
@@ -153,26 +154,34 @@ class Registry:
             await asyncio.sleep(self.cfg.info_interval_s)
 
     def sync_members(self, members: list[Member]) -> list[WorkerHandle]:
-        """Apply one reading of the membership; returns the workers that joined."""
-        live = {(m.role, m.address): m for m in members if m.role in ("prefill", "decode")}
+        """Apply one reading of the membership; returns the workers that joined (or came back)."""
+        records = {(m.role, m.address): m for m in members if m.role in ("prefill", "decode")}
         known = {(w.role, w.address): w for w in self.workers}
         joined = []
-        for key, m in live.items():
+        for key, m in records.items():
             w = known.get(key)
+            if m.state == "leaving":
+                if w is not None and not w.left:
+                    w.left, w.healthy = True, False
+                    log.info("%s worker %s is leaving: no new requests", m.role, m.worker_id)
+                continue
             if w is None:
                 w = WorkerHandle(m.address, m.role, joined=True)
                 self.workers.append(w)
-                joined.append(w)
                 log.info("%s worker %s joined at %s", m.role, m.worker_id, m.address)
             elif w.left:
                 log.info("%s worker %s at %s is back", m.role, m.worker_id, m.address)
-                joined.append(w)
+            elif w.member:
+                continue
             w.member, w.left = True, False
+            joined.append(w)
         for w in list(self.workers):
-            if w.member and (w.role, w.address) not in live:
-                w.member, w.left, w.healthy = False, True, False
-                log.info("%s worker %s left the membership: no new requests", w.role, w.worker_id)
-            if w.left and w.joined and w.in_flight == 0:
+            if (w.role, w.address) not in records:
+                w.member = False
+            # A joined worker is forgotten once nothing of ours runs there and it either
+            # left or is down with no record (an expired record alone is not death).
+            gone = w.left or (not w.member and not w.healthy)
+            if w.joined and gone and w.in_flight == 0:
                 self.workers.remove(w)
         return joined
 

@@ -116,10 +116,11 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
         assert not errors, errors[:3]
         assert d2.wait(30) == 0
 
-        # A worker that dies without leaving is dropped once its membership key expires.
+        # A worker that dies without leaving is taken out of service when its Info fails,
+        # and forgotten once its membership record has expired too (5 s TTL).
         p2.kill()
-        expired_s = wait_for(lambda: p2_addr not in listed(live_mesh) or not listed(live_mesh)[p2_addr].healthy,
-                             timeout=3.0 + SEEN_WITHIN_S)
+        expired_s = wait_for(lambda: p2_addr not in listed(live_mesh) or not listed(live_mesh)[p2_addr].healthy)
+        wait_for(lambda: p2_addr not in listed(live_mesh), timeout=5.0 + SEEN_WITHIN_S)
         errors = []
         run_load(live_mesh, 4, 4, errors, seed=2).join(180)
         assert not errors
@@ -145,3 +146,38 @@ def test_a_mismatched_worker_joining_is_refused_with_the_reason(live_mesh: Mesh,
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_member_whose_key_expires_is_forgotten(live_mesh: Mesh) -> None:
+    """Fault injection at the membership itself: a record nobody renews, for an address
+    where nothing answers, is listed (down) while it lives and forgotten once it expires."""
+    import json
+
+    import redis
+
+    client = redis.Redis.from_url(live_mesh.redis_url)
+    ghost = {"role": "decode", "worker_id": "decode-ghost", "address": "127.0.0.1:9", "epoch": "e0"}
+    client.set("pdmesh:member:decode:decode-ghost", json.dumps(ghost), px=1500)
+    wait_for(lambda: "127.0.0.1:9" in listed(live_mesh))
+    assert not listed(live_mesh)["127.0.0.1:9"].healthy  # nothing answers there
+    gone_s = wait_for(lambda: "127.0.0.1:9" not in listed(live_mesh), timeout=1.5 + SEEN_WITHIN_S)
+    print(f"\nunrenewed member forgotten {gone_s:.2f} s after it was listed (TTL 1.5 s)")
+
+
+def test_an_expired_record_alone_takes_no_worker_out_of_service(live_mesh: Mesh) -> None:
+    """A worker under heavy load may miss renewals: its record expiring must not stop
+    routing to a worker that still answers (death is decided by its Info calls)."""
+    import redis
+
+    client = redis.Redis.from_url(live_mesh.redis_url)
+    decode = live_mesh.decode[0]
+    key = "pdmesh:member:decode:decode-0"
+    assert client.exists(key)
+    ttl_before = client.pttl(key)
+    client.delete(key)  # as if its renewals had stopped long enough for the record to expire
+    time.sleep(0.6)  # three router polls see no record
+    assert listed(live_mesh)[decode.address].healthy
+    with Client(live_mesh.router_address, timeout=60) as c:
+        assert len(c.complete([5, 6, 7, 8], max_tokens=2, temperature=0).token_ids) == 2
+    wait_for(lambda: client.exists(key))  # the worker renews it on its own
+    assert ttl_before > 0

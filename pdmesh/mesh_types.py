@@ -50,6 +50,12 @@ class WorkerInfo:
     kvstore_fetched_tokens: int = 0
     kvstore_offloaded_blocks: int = 0
     overlapped_blocks: int = 0
+    queued_prefill_tokens: int = 0
+    """Prompt tokens admitted and not yet computed: the work a new prompt waits behind."""
+    prefill_us_per_token: float = 0.0
+    """Recent cost of one prompt token in prefill steps (0 until measured)."""
+    kvstore_us_per_token: float = 0.0
+    """Recent cost of one prompt token fetched from the kvstore (0 until measured)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.serve.command import run_serve as bench
         elif name == "spec":
             from pdmesh.bench.spec import run_spec_bench as bench
+        elif name == "route-sim":
+            from pdmesh.bench.routing.sim_command import run_route_sim as bench
         else:
             from pdmesh.bench.tracing import run_tracing_bench as bench
         bench(args)
@@ -113,6 +115,12 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
 
     add_arguments(bserve)
     bserve.set_defaults(func=_bench("serve"))
+    broute = bsub.add_parser("route-sim", help="routing policies at up to 1,000 simulated prefill workers "
+                             "(the router's real policy and index, a real Redis)")
+    from pdmesh.bench.routing.sim_command import add_arguments as add_route_sim
+
+    add_route_sim(broute)
+    broute.set_defaults(func=_bench("route-sim"))
     bspec = bsub.add_parser("spec", help="speculative decoding (n-gram, draft model) vs none, in process")
     bspec.add_argument("--model", required=True, help="Hugging Face model folder (required)")
     bspec.add_argument("--draft-model", default=None, help="also measure this draft model (default: unset)")

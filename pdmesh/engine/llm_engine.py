@@ -26,6 +26,7 @@ from pdmesh.engine.resume import Resume
 from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.engine.spec.speculator import Verified, build_speculator
+from pdmesh.engine.step_cost import TokenCost
 from pdmesh.engine.stopping import finish_status
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher
@@ -83,6 +84,8 @@ class LLMEngine:
         self.handoff = KVHandoff(self)
         self.lock = threading.RLock()
         """Guards scheduler, pool and request state; not held during the forward pass."""
+        self.prefill_cost = TokenCost()
+        """Measured seconds per prompt token (advertised to routers)."""
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -204,7 +207,12 @@ class LLMEngine:
                 self.speculator.propose(self.scheduler.running, self.sampler)
             sched = self.scheduler.schedule()
             prepared = self.runner.prepare(sched) if sched else None
+        started = time.perf_counter()
         result = self.runner.forward(prepared) if prepared is not None else None
+        if result is not None:
+            prompt = sum(i.num_new_tokens for i in sched.scheduled if i.num_new_tokens > 1 and not i.spec)
+            if prompt >= 0.9 * sched.num_batched_tokens:  # decode rows cost far less
+                self.prefill_cost.observe(prompt, time.perf_counter() - started)
         with self.lock:
             return self._finish_step(sched, result)
 

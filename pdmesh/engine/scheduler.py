@@ -94,6 +94,23 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def pending_prompt_tokens(self) -> int:
+        """Prompt tokens admitted and still to compute (waiting, preempted or mid-prefill),
+        less what a waiting sequence will find in the prefix cache: a queue of prompts that
+        hit is short work, and reporting their whole length would send the next prompt
+        sharing that prefix away from the worker that holds it. A decoding sequence's one
+        new token is not prompt work."""
+        total = 0
+        for seq in self._live.values():
+            todo = seq.num_tokens - seq.num_computed_tokens
+            if todo <= 1:
+                continue
+            if seq.num_computed_tokens == 0:
+                todo -= len(self.kv.get_computed_blocks(seq)) * self.kv.block_size
+            total += todo
+        return total
+
     def has_unfinished(self) -> bool:
         return bool(self._live)
 

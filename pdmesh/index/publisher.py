@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 
 class IndexPublisher:
     def __init__(self, url: str, worker_id: str, epoch: str, address: str,
-                 interval: float = 0.02, heartbeat_ttl_ms: int = 3000) -> None:
-        self.redis = aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+                 interval: float = 0.02, heartbeat_ttl_ms: int = 3000,
+                 client: aioredis.Redis | None = None) -> None:
+        """``client``: a connection to share (the routing simulator publishes for 1,000
+        workers through one); by default the publisher opens its own to ``url``."""
+        self.redis = client or aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self.worker_id = worker_id
         self.epoch = epoch
         self.address = address

@@ -13,6 +13,7 @@ counted, and the request goes on as if the store had missed.
 from __future__ import annotations
 
 import logging
+import time
 
 import grpc
 
@@ -63,6 +64,7 @@ class KVStoreTier:
         local = core.aeng.call(local_hits)
         if local == len(hashes):
             return 0
+        started = time.perf_counter()
         try:
             peer = await self._connect()
             slots = await self.client.lookup(hashes[local:], int(self.timeout * 1000), tracing.outgoing(ctx))
@@ -87,6 +89,7 @@ class KVStoreTier:
         if not ok:
             return 0
         core.counters.kvstore_fetched_tokens += n * bs
+        core.kvstore_cost.observe(n * bs, time.perf_counter() - started)
         return n * bs
 
     async def offload(self, request_id: str, ctx=None) -> None:  # type: ignore[no-untyped-def]

@@ -33,15 +33,12 @@ class RouterConfig(MeshContract, ServerConfig):
     """Conditional disaggregation: when the chosen prefill worker already has this many of
     this router's prefills in flight, prefill on the decode worker instead, so a prefill
     burst uses the decode worker's cores too (0 = never)."""
-    cache_weight: float = 1.0
-    """cache_aware: value of one cached prompt token ..."""
-    load_weight: float = 64.0
-    """... against one request in flight on a worker."""
-    kvstore_weight: float = 0.8
-    """cache_aware: a block in the kvstore tier is worth this fraction of one cached locally
-    (any prefill worker can fetch it, at the cost of a transfer)."""
-    balance_threshold: int = 8
-    """cache_aware imbalance guard: when in-flight counts differ by more, pick the least loaded."""
+    prefill_us_per_token: float = 150.0
+    """cache_aware: cost of one prompt token on a prefill worker that has not measured its
+    own yet (workers advertise what they measure; see docs/routing.md)."""
+    kvstore_cost_ratio: float = 0.1
+    """cache_aware: cost of a token fetched from the kvstore, as a fraction of computing
+    it, until a worker has measured its own fetches."""
     require_client_cert: bool = True
     """With tls_ca: public clients of the gRPC port must present a certificate the CA
     signed (mutual TLS); false: server-side TLS, clients authenticated by api_key. Hops to

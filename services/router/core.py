@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pdmesh.errors import InvalidRequestError, UnavailableError
-from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
+from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
 from pdmesh.model.config import ModelConfig
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
@@ -31,8 +28,8 @@ from services.router.completions import Completions
 from services.router.config import RouterConfig
 from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
-from services.router.policies import Decision, RouteContext, build_policy
-from services.router.recent import RecentRoutes
+from services.router.policies import Decision, Policy, RouteContext, build_policy
+from services.router.prefill_routing import PrefillRouter
 from services.router.registry import Registry, WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -51,22 +48,16 @@ class RouterCore:
         self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.vocab_strings())
         """An upper bound on the bytes of text one token covers (for the cheap size check)."""
         self._tokenizer_pool = ThreadPoolExecutor(2, thread_name_prefix="pdmesh-tokenize")
-        self.prefill_policy = build_policy(cfg.prefill_policy, cfg)
+        self.prefill_router = PrefillRouter(build_policy(cfg.prefill_policy, cfg), index, cfg.block_size)
         self.decode_policy = build_policy(cfg.decode_policy, cfg)
         self.decisions: Counter[str] = Counter()
         self.local_prefills = 0
-        self.index_fallbacks = 0
         self.prefill_retries = 0
         self.migrations = 0
         """Requests moved to another decode worker mid-stream."""
         self.flows: dict[str, Completions] = {}
         """request id -> its live completions (what ``Abort`` reaches)."""
-        self.recent = RecentRoutes()
         self.admission = AdmissionGate(cfg.max_in_flight, cfg.max_queued)
-        self.index_failing_since: float | None = None
-        """When lookups started failing (None while they succeed)."""
-        self.index_timeouts = 0
-        """Lookups that timed out (Redis slow, not down)."""
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, "router")
         self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))
@@ -154,52 +145,33 @@ class RouterCore:
         hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
         lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
-        matched, tier = await self._matched(hashes, candidates)
+        decision, matched, tier = await self.prefill_router.choose(hashes, key, len(ids), candidates)
         lookup.set_attribute("pdmesh.index_available", matched is not None)
         if matched:  # the candidates' scores' main input: cached leading blocks per worker
             lookup.set_attribute("pdmesh.matched_blocks", ",".join(f"{w}={n}" for w, n in sorted(matched.items())))
         lookup.set_attribute("pdmesh.kvstore_blocks", tier)
         lookup.end()
-        decision = self.prefill_policy.choose(
-            candidates, RouteContext(hashes, key, matched, self.cfg.block_size, tier)
-        )
-        self.recent.remember(hashes, decision.worker.worker_id)
         return decision
 
     def index_health(self) -> str:
-        if self.index is None:
-            return "none"
-        if self.index_failing_since is None:
-            return "ok"
-        return (f"unreachable for {time.monotonic() - self.index_failing_since:.0f} s "
-                f"({self.index_fallbacks} lookups fell back to consistent hashing)")
+        return self.prefill_router.health()
 
-    async def _matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]
-                       ) -> tuple[dict[str, int] | None, int]:
-        """Leading cached blocks per live prefill worker, and in the kvstore tier."""
-        if self.index is None:
-            return None, 0
-        try:
-            found = await self.index.longest_prefix(hashes)
-            self.index_failing_since = None
-        except (RedisError, OSError) as exc:
-            # Only an unreachable Redis is "down" (consistent hashing); a slow answer under
-            # load is counted apart and routes on what the router itself remembers.
-            if (self.index_fallbacks + self.index_timeouts) % 100 == 0:
-                log.warning("prefix index lookup failed (%s)", exc)
-            if isinstance(exc, RedisTimeoutError | TimeoutError):
-                self.index_timeouts += 1
-                return dict(self.recent.depths(hashes)), 0
-            self.index_fallbacks += 1
-            if self.index_failing_since is None:
-                self.index_failing_since = time.monotonic()
-            return None, 0
-        epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
-        matched = {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
-        for wid, n in self.recent.depths(hashes).items():
-            matched[wid] = max(matched.get(wid, 0), n)
-        tier = max((n for (wid, _), n in found.items() if wid.startswith("kvstore")), default=0)
-        return matched, tier
+    # Index counters live with the prefill decision; read here by metrics and RouterStats.
+    @property
+    def index_fallbacks(self) -> int:
+        return self.prefill_router.index_fallbacks
+
+    @property
+    def index_timeouts(self) -> int:
+        return self.prefill_router.index_timeouts
+
+    @property
+    def index_failing_since(self) -> float | None:
+        return self.prefill_router.index_failing_since
+
+    @property
+    def prefill_policy(self) -> Policy:
+        return self.prefill_router.policy
 
     def unservable(self) -> str:
         """Why the mesh cannot serve a request now ("" when it can)."""

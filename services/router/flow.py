@@ -197,7 +197,8 @@ class RequestFlow:
             self._replace_decode(exc, "reserve")  # dead, or full: the next decode worker
             return None
         prefill = choice.worker
-        prefill.acquire()
+        work = max(0, len(self.prompt) - choice.cached_tokens)
+        prefill.acquire(work)
         renewing = asyncio.create_task(
             reservation.keep_alive(d_stub, self.request_id, self.core.cfg.lease_ms))
         try:
@@ -223,7 +224,7 @@ class RequestFlow:
             raise
         finally:
             renewing.cancel()
-            prefill.release()
+            prefill.release(work)
         return response, handle
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:

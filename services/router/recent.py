@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pdmesh.kv.block_hash import BlockHash
 
 
 class RecentRoutes:
-    def __init__(self, ttl_s: float = 30.0, max_entries: int = 200_000) -> None:
+    def __init__(self, ttl_s: float = 30.0, max_entries: int = 200_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
+        self.clock = clock
         self.max_entries = max_entries
         self._routes: OrderedDict[BlockHash, tuple[str, float]] = OrderedDict()
 
     def remember(self, hashes: Sequence[BlockHash], worker_id: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for h in hashes:
             self._routes[h] = (worker_id, now)
             self._routes.move_to_end(h)
@@ -34,7 +36,7 @@ class RecentRoutes:
         """Leading blocks of ``hashes`` recently routed to each worker (one worker per chain)."""
         if not hashes:
             return {}
-        oldest = time.monotonic() - self.ttl_s
+        oldest = self.clock() - self.ttl_s
         first = self._routes.get(hashes[0])
         if first is None or first[1] < oldest:
             return {}

@@ -45,6 +45,8 @@ class WorkerHandle:
     """When ``info`` was fetched (monotonic)."""
     released_at: float = 0.0
     """When one of this router's requests last finished here (monotonic)."""
+    pending_tokens: int = 0
+    """Uncached prompt tokens of this router's requests in flight here."""
     failures: int = 0
     """Info calls that failed in a row."""
     joined: bool = False
@@ -80,11 +82,23 @@ class WorkerHandle:
             return "serving"
         return "joining" if self.info is None and not self.failures else "down"
 
-    def acquire(self) -> None:
-        self.in_flight += 1
+    @property
+    def queued_tokens(self) -> int:
+        """Prompt tokens waiting to be computed here: what this router sent and has not seen
+        finish, or what the worker last reported when that is more (other routers' work),
+        unless the report predates one of our completions (it may count that one)."""
+        reported = (self.info.queued_prefill_tokens
+                    if self.info is not None and self.info_at > self.released_at else 0)
+        return max(self.pending_tokens, reported)
 
-    def release(self) -> None:
+    def acquire(self, tokens: int = 0) -> None:
+        """One more request of ours here, with ``tokens`` prompt tokens to compute."""
+        self.in_flight += 1
+        self.pending_tokens += tokens
+
+    def release(self, tokens: int = 0) -> None:
         self.in_flight -= 1
+        self.pending_tokens -= tokens
         self.released_at = time.monotonic()
 
 

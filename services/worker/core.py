@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from pdmesh.engine.async_engine import AsyncLLMEngine
 from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.engine.step_cost import TokenCost
 from pdmesh.errors import IncompatibleWorkerError
 from pdmesh.kv.layout import KVLayout
 from pdmesh.kv.transfer.base import KVRegion, KVTransport, PeerLayout
@@ -72,6 +73,8 @@ class WorkerCore:
         layout = KVLayout.for_model(self.engine.model_config, cfg.block_size, self.dtype_name)
         self.compat = layout.compat_hash(cfg.model, cfg.hash_algorithm, cfg.hash_seed)
         self.counters = Counters()
+        self.kvstore_cost = TokenCost(min_tokens=1)
+        """Seconds per prompt token fetched from the kvstore (lookup + read), advertised."""
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, cfg.role)
         self.metrics.register(SnapshotCollector(lambda: self.aeng.call(lambda: worker_snapshot(self))))
@@ -94,6 +97,9 @@ class WorkerCore:
             kv_bytes_sent=c.kv_bytes_sent, expired_leases=c.expired_leases,
             kv_transfer_seconds=c.kv_transfer_seconds, kvstore_fetched_tokens=c.kvstore_fetched_tokens,
             kvstore_offloaded_blocks=c.kvstore_offloaded_blocks, overlapped_blocks=c.overlapped_blocks,
+            queued_prefill_tokens=eng.scheduler.pending_prompt_tokens,
+            prefill_us_per_token=1e6 * eng.prefill_cost.s_per_token,
+            kvstore_us_per_token=1e6 * self.kvstore_cost.s_per_token,
         )
 
     # -- KV transfer ------------------------------------------------------------------

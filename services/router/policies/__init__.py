@@ -10,9 +10,7 @@ from services.router.policies.prefix_hash import PrefixHashPolicy
 from services.router.policies.round_robin import RoundRobinPolicy
 
 _FACTORIES = {
-    "cache_aware": lambda cfg: CacheAwarePolicy(
-        cfg.cache_weight, cfg.load_weight, cfg.balance_threshold, cfg.kvstore_weight
-    ),
+    "cache_aware": lambda cfg: CacheAwarePolicy(cfg.prefill_us_per_token, cfg.kvstore_cost_ratio),
     "prefix_hash": lambda cfg: PrefixHashPolicy(),
     "least_loaded": lambda cfg: LeastLoadedPolicy(),
     "round_robin": lambda cfg: RoundRobinPolicy(),

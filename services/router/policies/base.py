@@ -20,6 +20,8 @@ class RouteContext:
     block_size: int
     kvstore_blocks: int = 0
     """Leading blocks the kvstore tier holds (fetchable by any prefill worker)."""
+    num_tokens: int = 0
+    """The prompt's length in tokens (what a worker holding none of it computes)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,45 +1,114 @@
-"""Longest cached prefix versus load, with an imbalance guard.
+"""Send each prompt where its first token is expected soonest.
 
-score(w) = cache_weight * max(cached_tokens(w), kvstore_weight * kvstore_tokens)
-           - load_weight * load(w), where load counts the
-router's own in-flight requests at decision time (so a burst cannot pile onto the one
-worker that holds a hot prefix) plus the worker's queue. When loads differ by more than
-``balance_threshold`` the least loaded worker wins outright. Ties go to the consistent-hash
-choice, so equal candidates still keep prefixes together.
+For every candidate prefill worker ``w`` the router estimates
+
+    ttft(w) = queued_tokens(w) * c(w)                      the work already waiting there
+            + (prompt - cached(w) - fetched(w)) * c(w)     what this prompt computes there
+            + fetched(w) * f(w)                            what it fetches from the kvstore
+
+where ``cached(w)`` is the prompt's leading tokens ``w`` holds (the Redis index, and this
+router's recent routes for prefixes the index has not heard of yet), ``fetched(w)`` what the
+kvstore tier holds beyond that, ``queued_tokens`` the uncached prompt tokens of requests in
+flight there (this router's own, or what the worker reports when that is more: other
+routers' work), and ``c`` / ``f`` the seconds per computed / fetched token each worker
+measures and advertises. So a prompt follows its prefix until the wait behind the holder
+costs more than recomputing elsewhere, and no request count or weight needs tuning: the
+units are seconds. Equal estimates are broken by rendezvous hashing of the prompt's first
+block, so misses on idle workers keep each prefix on one worker. The model and the measurements behind its defaults
+are in docs/routing.md.
 """
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
+
 from services.router.policies.base import Decision, RouteContext
-from services.router.policies.prefix_hash import ring_pick
+from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
 from services.router.registry import WorkerHandle
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    worker: WorkerHandle
+    seconds: float
+    cached: int
+    """Prompt tokens the worker holds."""
+    fetched: int
+    """Prompt tokens it would fetch from the kvstore."""
 
 
 class CacheAwarePolicy:
     name = "cache_aware"
 
-    def __init__(self, cache_weight: float, load_weight: float, balance_threshold: int,
-                 kvstore_weight: float = 0.8) -> None:
-        self.cache_weight = cache_weight
-        self.kvstore_weight = kvstore_weight
-        self.load_weight = load_weight
-        self.balance_threshold = balance_threshold
+    def __init__(self, us_per_token: float, kvstore_ratio: float, sample: int = 32) -> None:
+        self.sample = sample
+        """Workers holding none of the prompt are compared all while there are at most
+        twice this many, else this many chosen at random."""
+        self.rng = random.Random()
+        self.s_per_token = us_per_token * 1e-6
+        """Assumed for a worker that has not measured its own cost yet."""
+        self.kvstore_ratio = kvstore_ratio
+        """A fetched token's cost as a fraction of a computed one, until measured."""
+
+    def costs(self, w: WorkerHandle) -> tuple[float, float]:
+        """Seconds per computed and per fetched token on ``w``: measured, else assumed."""
+        info = w.info
+        compute = (info.prefill_us_per_token * 1e-6 if info is not None else 0.0) or self.s_per_token
+        fetch = (info.kvstore_us_per_token * 1e-6 if info is not None else 0.0) or compute * self.kvstore_ratio
+        return compute, fetch
+
+    def estimate(self, w: WorkerHandle, ctx: RouteContext) -> Estimate:
+        prompt = max(ctx.num_tokens, len(ctx.hashes) * ctx.block_size)
+        cached = min(prompt, (ctx.matched or {}).get(w.worker_id, 0) * ctx.block_size)
+        fetched = max(0, min(prompt, ctx.kvstore_blocks * ctx.block_size) - cached)
+        compute, fetch = self.costs(w)
+        seconds = (w.queued_tokens + prompt - cached - fetched) * compute + fetched * fetch
+        return Estimate(w, seconds, cached, fetched)
 
     def choose(self, candidates: list[WorkerHandle], ctx: RouteContext) -> Decision:
         if ctx.matched is None:
             return Decision(ring_pick(candidates, ctx.routing_key), "index_down")
-        loads = [w.load for w in candidates]
-        if max(loads) - min(loads) > self.balance_threshold:
-            best = min(candidates, key=lambda w: w.load)
-            return Decision(best, "balance", ctx.matched.get(best.worker_id, 0) * ctx.block_size)
-        preferred = ring_pick(candidates, ctx.routing_key)
-        tier = self.kvstore_weight * ctx.kvstore_blocks * ctx.block_size
-
-        def score(w: WorkerHandle) -> tuple[float, bool]:
-            cached = ctx.matched.get(w.worker_id, 0) * ctx.block_size  # type: ignore[union-attr]
-            return (self.cache_weight * max(cached, tier) - self.load_weight * w.load, w is preferred)
-
-        best = max(candidates, key=score)
-        cached = ctx.matched.get(best.worker_id, 0) * ctx.block_size
-        reason = "hit" if cached else "kvstore" if ctx.kvstore_blocks else "miss"
-        return Decision(best, reason, max(cached, ctx.kvstore_blocks * ctx.block_size))
+        # Holders are few and get the full estimate; every other worker computes the same
+        # tokens, so one tight pass finds the fastest of them (this runs per request, over
+        # up to thousands of workers).
+        matched = ctx.matched
+        holders = [self.estimate(w, ctx) for w in candidates if w.worker_id in matched] if matched else []
+        held = {id(e.worker) for e in holders}
+        prompt = max(ctx.num_tokens, len(ctx.hashes) * ctx.block_size)
+        fetched = min(prompt, ctx.kvstore_blocks * ctx.block_size)
+        computed = prompt - fetched
+        estimates = list(holders)
+        fastest = float("inf")
+        pool = candidates
+        if len(candidates) > 2 * self.sample:
+            # Among many workers that all lack the prompt, the fastest of a random sample
+            # is nearly as good as the fastest of all ("power of d choices") and keeps a
+            # decision within a millisecond at 1,000 workers (docs/routing.md).
+            pool = self.rng.sample(candidates, self.sample)
+        for w in pool:
+            if id(w) in held:
+                continue
+            compute, fetch = self.costs(w)
+            seconds = (w.queued_tokens + computed) * compute + fetched * fetch
+            if seconds < fastest * (1 - 1e-9):
+                fastest = seconds
+                others = [Estimate(w, seconds, 0, fetched)]
+            elif seconds <= fastest * (1 + 1e-9):
+                others.append(Estimate(w, seconds, 0, fetched))
+        if fastest < float("inf"):
+            estimates += others
+        fastest = min(e.seconds for e in estimates)
+        tied = [e for e in estimates if e.seconds <= fastest * (1 + 1e-9)]
+        best = tied[0]
+        if len(tied) > 1:
+            chosen = rendezvous_pick([e.worker for e in tied], ctx.routing_key)
+            best = next(e for e in tied if e.worker is chosen)
+        holder = max(holders, key=lambda e: e.cached, default=None)
+        if best.cached:
+            reason = "hit"
+        elif holder is not None:
+            reason = "balance"  # sent away from a worker holding part of the prompt
+        else:
+            reason = "kvstore" if best.fetched else "miss"
+        return Decision(best.worker, reason, best.cached + best.fetched)

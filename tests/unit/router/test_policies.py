@@ -1,9 +1,8 @@
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.mesh_types import WorkerInfo
 from services.router.policies.base import RouteContext
-from services.router.policies.cache_aware import CacheAwarePolicy
 from services.router.policies.least_loaded import LeastLoadedPolicy
-from services.router.policies.prefix_hash import PrefixHashPolicy, ring_pick
+from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
 from services.router.policies.round_robin import RoundRobinPolicy
 from services.router.recent import RecentRoutes
 from services.router.registry import WorkerHandle
@@ -25,35 +24,14 @@ def ctx(matched: dict[str, int] | None, tier: int = 0) -> RouteContext:
     return RouteContext(HASHES, HASHES[0], matched, 4, tier)
 
 
-def test_cache_aware_prefers_the_longest_cached_prefix() -> None:
-    ws = workers(3, [1, 0, 0])
-    d = CacheAwarePolicy(1.0, 2.0, 8).choose(ws, ctx({"p0": 8, "p2": 3}))
-    assert d.worker.worker_id == "p0" and d.reason == "hit" and d.cached_tokens == 32
-
-
-def test_cache_aware_load_outweighs_a_short_prefix() -> None:
-    ws = workers(2, [5, 0])
-    d = CacheAwarePolicy(1.0, 2.0, 8).choose(ws, ctx({"p0": 1}))  # 4 tokens vs 10 of load
-    assert d.worker.worker_id == "p1" and d.reason == "miss"
-
-
-def test_cache_aware_imbalance_guard_and_index_down() -> None:
-    ws = workers(2, [20, 0])
-    assert CacheAwarePolicy(1.0, 0.0, 8).choose(ws, ctx({"p0": 10})).reason == "balance"
-    ws = workers(2)
-    d = CacheAwarePolicy(1.0, 1.0, 8).choose(ws, ctx(None))
-    assert d.reason == "index_down" and d.worker is ring_pick(ws, HASHES[0])
-
-
-def test_cache_aware_counts_the_kvstore_tier() -> None:
-    d = CacheAwarePolicy(1.0, 1.0, 8, kvstore_weight=0.8).choose(workers(2), ctx({}, tier=5))
-    assert d.reason == "kvstore" and d.cached_tokens == 20
-
-
-def test_ties_follow_the_consistent_hash_ring() -> None:
-    ws = workers(4)
-    picks = {CacheAwarePolicy(1.0, 1.0, 8).choose(ws, ctx({})).worker.worker_id for _ in range(5)}
-    assert picks == {PrefixHashPolicy().choose(ws, ctx({})).worker.worker_id}
+def test_rendezvous_moves_only_the_departed_workers_keys() -> None:
+    keys = BlockHasher(4).hash_tokens(list(range(4000)))
+    four, three = workers(4), workers(4)[:3]
+    before = [rendezvous_pick(four, k).worker_id for k in keys]
+    after = [rendezvous_pick(three, k).worker_id for k in keys]
+    moved = sum(b != a for b, a in zip(before, after))
+    assert moved == sum(b == "p3" for b in before)
+    assert 0.15 < moved / len(keys) < 0.35
 
 
 def test_prefix_hash_moves_few_keys_when_a_worker_leaves() -> None:

@@ -1,0 +1,86 @@
+"""The prefill decision: what each candidate holds (index + recent routes), then the policy.
+
+Kept apart from ``RouterCore`` (tokenizing, tracing, counters) so the routing simulator
+(``pdmesh bench route-sim``) runs exactly this code, against a real Redis, on a virtual
+clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from pdmesh.kv.block_hash import BlockHash
+from services.router.policies import Decision, Policy, RouteContext
+from services.router.recent import RecentRoutes
+from services.router.registry import WorkerHandle
+
+log = logging.getLogger(__name__)
+
+
+class PrefillRouter:
+    def __init__(self, policy: Policy, index: Any, block_size: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.index = index
+        """``PrefixIndex`` over Redis, or None (consistent hashing only)."""
+        self.block_size = block_size
+        self.clock = clock
+        self.recent = RecentRoutes(clock=clock)
+        self.index_failing_since: float | None = None
+        """When lookups started failing (None while they succeed)."""
+        self.index_fallbacks = 0
+        """Lookups that found Redis unreachable (consistent hashing used)."""
+        self.index_timeouts = 0
+        """Lookups that timed out (Redis slow, not down)."""
+
+    async def choose(self, hashes: list[BlockHash], key: bytes, num_tokens: int,
+                     candidates: list[WorkerHandle]) -> tuple[Decision, dict[str, int] | None, int]:
+        """The policy's decision, and what it saw: cached blocks per worker (None: index
+        down) and blocks in the kvstore tier. The chosen worker is remembered as holding
+        the prompt's blocks until the index says so itself."""
+        matched, tier = await self.matched(hashes, candidates)
+        decision = self.policy.choose(
+            candidates, RouteContext(hashes, key, matched, self.block_size, tier, num_tokens))
+        self.recent.remember(hashes, decision.worker.worker_id)
+        return decision, matched, tier
+
+    async def matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]
+                      ) -> tuple[dict[str, int] | None, int]:
+        """Leading cached blocks per live prefill worker, and in the kvstore tier."""
+        if self.index is None:
+            return None, 0
+        try:
+            found = await self.index.longest_prefix(hashes)
+            self.index_failing_since = None
+        except (RedisError, OSError) as exc:
+            # Only an unreachable Redis is "down" (consistent hashing); a slow answer under
+            # load is counted apart and routes on what the router itself remembers.
+            if (self.index_fallbacks + self.index_timeouts) % 100 == 0:
+                log.warning("prefix index lookup failed (%s)", exc)
+            if isinstance(exc, RedisTimeoutError | TimeoutError):
+                self.index_timeouts += 1
+                return dict(self.recent.depths(hashes)), 0
+            self.index_fallbacks += 1
+            if self.index_failing_since is None:
+                self.index_failing_since = self.clock()
+            return None, 0
+        epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
+        matched = {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
+        for wid, n in self.recent.depths(hashes).items():
+            matched[wid] = max(matched.get(wid, 0), n)
+        tier = max((n for (wid, _), n in found.items() if wid.startswith("kvstore")), default=0)
+        return matched, tier
+
+    def health(self) -> str:
+        if self.index is None:
+            return "none"
+        if self.index_failing_since is None:
+            return "ok"
+        return (f"unreachable for {self.clock() - self.index_failing_since:.0f} s "
+                f"({self.index_fallbacks} lookups fell back to consistent hashing)")

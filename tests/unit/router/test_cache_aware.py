@@ -1,0 +1,107 @@
+"""The cost model's choices on constructed states: each assertion is the exact worker the
+estimate of time to first token must pick, and why."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from pdmesh.kv.block_hash import BlockHasher
+from pdmesh.mesh_types import WorkerInfo
+from services.router.policies.base import RouteContext
+from services.router.policies.cache_aware import CacheAwarePolicy
+from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
+from services.router.registry import WorkerHandle
+
+BS = 16
+PROMPT = 1024
+HASHES = BlockHasher(BS).hash_tokens(list(range(PROMPT)))  # 64 full blocks
+POLICY = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1)
+
+
+def worker(i: int, pending: int = 0, us: float = 0.0, kv_us: float = 0.0) -> WorkerHandle:
+    w = WorkerHandle(f"127.0.0.1:{9000 + i}", "prefill", healthy=True)
+    w.info = WorkerInfo(worker_id=f"p{i}", prefill_us_per_token=us, kvstore_us_per_token=kv_us)
+    w.pending_tokens = pending
+    return w
+
+
+def ctx(matched: dict[str, int] | None, tier: int = 0) -> RouteContext:
+    return RouteContext(HASHES, HASHES[0], matched, BS, tier, PROMPT)
+
+
+def test_an_idle_holder_wins_and_reports_its_cached_tokens() -> None:
+    d = POLICY.choose([worker(0), worker(1)], ctx({"p1": 48}))
+    assert (d.worker.worker_id, d.reason, d.cached_tokens) == ("p1", "hit", 768)
+
+
+def test_the_holder_wins_while_its_queue_costs_less_than_recomputing() -> None:
+    # p0 holds 768 tokens: 256 to compute there vs 1024 on idle p1. Behind 767 queued
+    # tokens it is still ahead (1023 < 1024); behind 769 it is not.
+    assert POLICY.choose([worker(0, pending=767), worker(1)], ctx({"p0": 48})).worker.worker_id == "p0"
+    d = POLICY.choose([worker(0, pending=769), worker(1)], ctx({"p0": 48}))
+    assert (d.worker.worker_id, d.reason, d.cached_tokens) == ("p1", "balance", 0)
+
+
+def test_queued_tokens_not_request_counts_decide_a_miss() -> None:
+    few_long = worker(0, pending=3000)
+    many_short = worker(1, pending=2000)
+    many_short.in_flight = 40
+    assert POLICY.choose([few_long, many_short], ctx({})).worker is many_short
+
+
+def test_a_worker_reporting_more_queued_work_than_ours_counts_the_report() -> None:
+    w0, w1 = worker(0), worker(1, pending=100)
+    w0.info = replace(w0.info, queued_prefill_tokens=500)  # type: ignore[arg-type]
+    w0.info_at, w0.released_at = 2.0, 1.0
+    assert POLICY.choose([w0, w1], ctx({})).worker is w1
+    w0.released_at = 3.0  # the report predates one of our completions: not trusted
+    assert w0.queued_tokens == 0
+
+
+def test_measured_costs_replace_the_defaults() -> None:
+    # p0 holds half the prompt but computes at 400 us/token (512 * 400 = 205 ms); p1 holds
+    # nothing at 150 us/token (1024 * 150 = 154 ms).
+    slow, fast = worker(0, us=400.0), worker(1, us=150.0)
+    assert POLICY.choose([slow, fast], ctx({"p0": 32})).worker is fast
+
+
+def test_the_kvstore_is_priced_per_fetched_token() -> None:
+    # The store holds 48 blocks. Fetching 768 tokens at 10 us each plus computing 256
+    # beats p1 holding 16 blocks (768 tokens to compute) when both are idle.
+    d = POLICY.choose([worker(0), worker(1)], ctx({"p1": 16}, tier=48))
+    assert (d.worker.worker_id, d.cached_tokens) == ("p1", 1024 - 256)  # 256 cached + 512 fetched
+    # A fetch measured as dearer than computing is never preferred to a local hit.
+    d = POLICY.choose([worker(0, kv_us=500.0), worker(1, kv_us=500.0)], ctx({"p1": 16}, tier=48))
+    assert d.worker.worker_id == "p1"
+
+
+def test_equal_estimates_follow_rendezvous_hashing_and_index_down_the_ring() -> None:
+    ws = [worker(i) for i in range(4)]
+    assert POLICY.choose(ws, ctx({})).worker is rendezvous_pick(ws, HASHES[0])
+    assert POLICY.choose(list(reversed(ws)), ctx({})).worker is rendezvous_pick(ws, HASHES[0])
+    d = POLICY.choose(ws, ctx(None))
+    assert (d.worker, d.reason) == (ring_pick(ws, HASHES[0]), "index_down")
+
+
+@pytest.mark.parametrize("n", [1, 3, 1000])
+def test_ring_pick_is_stable_across_candidate_orders(n: int) -> None:
+    ws = [worker(i) for i in range(n)]
+    assert ring_pick(ws, b"k").worker_id == ring_pick(list(reversed(ws)), b"k").worker_id
+
+
+def test_at_scale_holders_are_always_considered_and_others_sampled() -> None:
+    ws = [worker(i, pending=5000) for i in range(1000)]
+    ws[999].pending_tokens = 500
+    ws[700].pending_tokens = 0  # the only idle worker
+    policy = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1)
+    policy.rng = random.Random(0)
+    d = policy.choose(ws, ctx({"p999": 64}))  # the holder (500 queued) beats even the idle one
+    assert (d.worker.worker_id, d.reason) == ("p999", "hit")
+    # Without a holder, 32 of the 1,000 are compared: the idle worker wins when sampled
+    # (about 1 decision in 31), and otherwise the least busy of the sample.
+    picks = [policy.choose(ws, ctx({})).worker for _ in range(310)]
+    assert 3 <= sum(w is ws[700] for w in picks) <= 25
+    assert sum(w is ws[999] for w in picks) >= 3

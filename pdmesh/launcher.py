@@ -19,9 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.tls import TLSFiles
 
 
@@ -183,9 +181,8 @@ class Mesh:
             share = max(1, (os.cpu_count() or 1) // max(1, self.spec.prefill + self.spec.decode))
             args += ["--threads", str(share)]
         args += ["--redis-url", self.redis_url]  # membership (and, on prefill, the index)
-        if role == "prefill":
-            if self.kvstore:
-                args += ["--kvstore", self.kvstore[0].address]
+        if role == "prefill" and self.kvstore:
+            args += ["--kvstore", self.kvstore[0].address]
         proc = self._spawn(name, args)
         (self.prefill if role == "prefill" else self.decode).append(proc)
         return proc
@@ -268,21 +265,6 @@ def _layout_args(worker_args: list[str]) -> list[str]:
         if flag in worker_args:
             out += [flag, worker_args[worker_args.index(flag) + 1]]
     return out
-
-
-def is_serving(address: str, tls: TLSFiles | None = None) -> bool:
-    return health_status(address, tls.channel_credentials() if tls is not None else None) == "SERVING"
-
-
-def health_status(address: str, credentials: grpc.ChannelCredentials | None = None) -> str:
-    """The service's overall gRPC health (SERVING, NOT_SERVING ...) or why there is none."""
-    try:
-        with (grpc.secure_channel(address, credentials) if credentials is not None
-              else grpc.insecure_channel(address)) as ch:
-            resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-            return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
-    except grpc.RpcError as exc:
-        return f"unreachable ({exc.code().name})"  # type: ignore[attr-defined]
 
 
 def _terminate(procs: list[Proc], grace: float) -> None:

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdmesh.bench.raw_nixl import raw_nixl_gib_s
+from pdmesh.bench.stats import pct
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.mesh_types import WorkerInfo
 
@@ -41,11 +42,6 @@ class Row:
     @property
     def ratio(self) -> float | None:
         return self.value / self.baseline if self.baseline else None
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def _mesh_workload(address: str, prompts: list[list[int]], max_tokens: int, concurrency: int
@@ -77,7 +73,7 @@ def _mesh_workload(address: str, prompts: list[list[int]], max_tokens: int, conc
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, prompts))
     seconds = time.monotonic() - start
-    return {"tok_s": tokens[0] / seconds, "ttft_p50": _pct(ttfts, 0.5), "ttft_p90": _pct(ttfts, 0.9),
+    return {"tok_s": tokens[0] / seconds, "ttft_p50": pct(ttfts, 0.5), "ttft_p90": pct(ttfts, 0.9),
             "hit_rate": cached[0] / sum(len(p) for p in prompts)}
 
 
@@ -97,7 +93,7 @@ def _in_process(model: str, dtype: str, prompts: list[list[int]], max_tokens: in
             ttfts = []
             for p in prompts:
                 ttfts.append(_run_engine(engine, [p], 1)["ttft_p50"])
-            return {"ttft_p50": _pct(ttfts, 0.5), "ttft_p90": _pct(ttfts, 0.9)}
+            return {"ttft_p50": pct(ttfts, 0.5), "ttft_p90": pct(ttfts, 0.9)}
         res = _run_engine(engine, prompts, max_tokens)
         return {"tok_s": res["output_tokens"] / res["seconds"], "ttft_p50": res["ttft_p50"],
                 "ttft_p90": res["ttft_p90"]}
@@ -206,8 +202,8 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
             return lat
 
         lat = asyncio.run(lookups())
-        rows.append(Row("index", f"lookup p50 ms ({n_blocks:,} blocks indexed, chains <= {chain})", 1000 * _pct(lat, 0.5)))
-        rows.append(Row("index", "lookup p99 ms", 1000 * _pct(lat, 0.99)))
+        rows.append(Row("index", f"lookup p50 ms ({n_blocks:,} blocks indexed, chains <= {chain})", 1000 * pct(lat, 0.5)))
+        rows.append(Row("index", "lookup p99 ms", 1000 * pct(lat, 0.99)))
         rows.append(Row("router", "decisions/s (tokenize-free: hash + index + cache_aware)",
                         asyncio.run(_decisions_per_second(args, mesh.redis_url, 1000 if not args.quick else 100))))
     finally:

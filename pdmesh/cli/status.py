@@ -26,7 +26,7 @@ def add_probe(sub) -> None:  # type: ignore[no-untyped-def]
 
 def run_probe(args: argparse.Namespace) -> int:
     from pdmesh.client import Security
-    from pdmesh.launcher import health_status
+    from pdmesh.rpc.health import health_status
 
     status = health_status(args.address, Security(args.tls_ca, args.tls_cert, args.tls_key).credentials())
     print(f"{args.address}: {status}")

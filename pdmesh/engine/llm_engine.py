@@ -46,16 +46,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.tokenizer = Tokenizer(config.model)
-        cfg = ModelConfig.from_dir(config.model)
-        self.max_model_len = min(
-            config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
-        )
-        if cfg.sliding_window is not None and self.max_model_len > cfg.sliding_window:
-            raise InvalidRequestError(
-                "max_model_len",
-                f"the model uses sliding_window={cfg.sliding_window}; pdmesh serves it exactly only "
-                f"with max_model_len <= {cfg.sliding_window} (got {self.max_model_len})",
-            )
+        self.max_model_len = ModelConfig.from_dir(config.model).context_limit(config.max_model_len)
         model, cfg, dtype = load_model(config.model, config.dtype, config.device, self.max_model_len)
         self.model_config = cfg
         self.dtype = dtype

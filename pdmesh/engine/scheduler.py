@@ -70,6 +70,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._live: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self._probed: dict[str, int] = {}
+        """Prompt tokens each waiting sequence was found to have cached (for Info)."""
 
     # -- queues -----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -102,13 +104,21 @@ class Scheduler:
         sharing that prefix away from the worker that holds it. A decoding sequence's one
         new token is not prompt work."""
         total = 0
+        probed: dict[str, int] = {}
         for seq in self._live.values():
             todo = seq.num_tokens - seq.num_computed_tokens
             if todo <= 1:
                 continue
             if seq.num_computed_tokens == 0:
-                todo -= len(self.kv.get_computed_blocks(seq)) * self.kv.block_size
+                # Probed once per waiting sequence (a long queue must not hold the engine
+                # lock for every Info call); the cache may change meanwhile: an estimate.
+                hit = self._probed.get(seq.seq_id)
+                if hit is None:
+                    hit = len(self.kv.get_computed_blocks(seq)) * self.kv.block_size
+                probed[seq.seq_id] = hit
+                todo -= hit
             total += todo
+        self._probed = probed
         return total
 
     def has_unfinished(self) -> bool:

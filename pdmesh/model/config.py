@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdmesh.errors import UnsupportedModelError
+from pdmesh.errors import InvalidRequestError, UnsupportedModelError
 
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -60,6 +60,19 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
     """Set when the model uses sliding-window attention (served only within the window)."""
+
+    def context_limit(self, requested: int | None) -> int:
+        """The context to serve: ``requested`` (None or 0: the model's own), capped at the
+        model's positions. pdmesh attends over the whole context, so a sliding-window model
+        is exact only up to its window; beyond that it refuses rather than differ."""
+        limit = min(requested or self.max_position_embeddings, self.max_position_embeddings)
+        if self.sliding_window is not None and limit > self.sliding_window:
+            raise InvalidRequestError(
+                "max_model_len",
+                f"the model uses sliding_window={self.sliding_window}; pdmesh serves it exactly only "
+                f"with max_model_len <= {self.sliding_window} (got {limit})",
+            )
+        return limit
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:

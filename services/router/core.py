@@ -187,6 +187,14 @@ class RouterCore:
             raise UnavailableError("no healthy decode worker; retry later")
         return self.decode_policy.choose(candidates, RouteContext([], b"", None, self.cfg.block_size)).worker
 
+    def count_route(self, choice: Decision | None, local_reason: str) -> None:
+        """Count a prefill decision for RouterStats and /metrics, by policy and reason."""
+        if local_reason:
+            self.local_prefills += 1
+            self.decisions[f"local/{local_reason}"] += 1
+        elif choice is not None:
+            self.decisions[f"{self.prefill_policy.name}/{choice.reason}"] += 1
+
     def local_reason(self, choice: Decision | None, ids: list[int]) -> str:
         """Why this request prefills on its decode worker ("" = it does not)."""
         if choice is None:

@@ -173,11 +173,7 @@ class RequestFlow:
         })
         span.end()
         self.prefill = choice
-        if reason:
-            core.local_prefills += 1
-            core.decisions[f"local/{reason}"] += 1
-        elif choice is not None:
-            core.decisions[f"{core.prefill_policy.name}/{choice.reason}"] += 1
+        core.count_route(choice, reason)
         return reason
 
     async def reserve_and_prefill(self) -> tuple[Any, Any] | None:

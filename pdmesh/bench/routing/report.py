@@ -13,6 +13,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from pdmesh.bench.stats import pct
+
 COLUMNS = [("workers", "workers", "{:.0f}"), ("load", "load", "{:.1f}"),
            ("computed_vs_oracle", "computed/oracle", "{:.2f}"), ("hit_own", "hit own", "{:.3f}"),
            ("hit_kvstore", "kvstore", "{:.3f}"), ("hit_vs_oracle", "hit/oracle", "{:.2f}"),
@@ -20,13 +22,6 @@ COLUMNS = [("workers", "workers", "{:.0f}"), ("load", "load", "{:.1f}"),
            ("ttft_p99_ms", "p99", "{:.0f}"), ("goodput_rps", "goodput/s", "{:.1f}"),
            ("slo_met", "SLO met", "{:.2f}"), ("imbalance", "imbalance", "{:.2f}"),
            ("decision_p50_ms", "decide p50", "{:.2f}"), ("decision_p99_ms", "p99", "{:.2f}")]
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def summarize(policy: str, workers: int, load: float, ttfts: list[float], prompt: int, own: int,

@@ -19,17 +19,17 @@ import heapq
 import itertools
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
 
 from pdmesh.bench.routing.traffic import Job, Traffic
-from pdmesh.bench.routing.workers import Served, SimWorker
+from pdmesh.bench.routing.workers import LRUBlocks, Served, SimWorker
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
-from pdmesh.kv.events import BlockRemoved, BlockStored
+from pdmesh.kv.events import BlockStored
 from pdmesh.mesh_types import WorkerInfo
 from services.router.config import RouterConfig
 from services.router.policies import build_policy
@@ -119,8 +119,8 @@ class Simulation:
         self.router = PrefillRouter(build_policy(self.policy_name, cfg), self.index, spec.block_size,
                                     clock=lambda: self.now)
         self.workers = [self._worker(i, client) for i in range(spec.prefill_workers)]
-        self.store: OrderedDict[bytes, None] = OrderedDict()
-        self.store_publisher = IndexPublisher(self.redis_url, "kvstore-0", "e0", "sim", client=client)
+        self.store = LRUBlocks(spec.kvstore_blocks, IndexPublisher(
+            self.redis_url, "kvstore-0", "e0", "sim", client=client)) if spec.kvstore_blocks else None
         if spec.preload_blocks:
             await self._preload()
         ops_before = await self._redis_ops()
@@ -166,7 +166,7 @@ class Simulation:
     async def _preload(self) -> None:
         for w in self.workers:
             chain = self.hasher.hash_tokens([w.index, 7] * (self.spec.preload_blocks * self.spec.block_size // 2))
-            await w.publisher.apply([BlockStored(tuple(chain), None)])
+            await w.pool.publisher.apply([BlockStored(tuple(chain), None)])
 
     async def _redis_ops(self) -> int:
         return int((await self.client.info("stats"))["total_commands_processed"])
@@ -202,23 +202,13 @@ class Simulation:
             return
         s = w.current = w.queue.popleft()
         spec = self.spec
-        hashes = s.hashes
-        s.cached = w.held(hashes) * spec.block_size
-        in_store = 0
-        while w.held(hashes) + in_store < len(hashes) and hashes[w.held(hashes) + in_store] in self.store:
-            in_store += 1
-        s.fetched = in_store * spec.block_size
+        held = w.pool.held(s.hashes)
+        s.cached = held * spec.block_size
+        s.fetched = (self.store.held(s.hashes, held) if self.store else 0) * spec.block_size
         computed = len(s.job.tokens) - s.cached - s.fetched
         service = spec.overhead_s + computed * spec.s_per_token + s.fetched * spec.s_per_token * spec.fetch_ratio
         s.start = self.now
-        new, evicted = w.store(hashes)
-        events: list = []
-        if evicted:
-            events.append(BlockRemoved(tuple(evicted)))
-        if new:
-            events.append(BlockStored(tuple(new), None))
-        if events:
-            await w.publisher.apply(events)
+        await w.pool.store(s.hashes)
         w.busy_s += service
         self._at(self.now + service, "done", s)
 
@@ -228,26 +218,13 @@ class Simulation:
         w = self.workers[s.worker]
         w.handle.release(s.work)
         w.handle.released_at = self.now
-        if self.spec.kvstore_blocks:
-            await self._offload(s.hashes)
+        if self.store is not None:
+            await self.store.store(s.hashes)
         nxt = s.job.next_turn
         if nxt is not None:
             pause = s.job.output_len * self.spec.tpot_s + self.rng.expovariate(1 / self.spec.think_s)
             self._at(self.now + pause, "arrive", nxt)
         await self._start_next(w)
-
-    async def _offload(self, hashes: list[bytes]) -> None:
-        new = [h for h in hashes if h not in self.store]
-        for h in hashes:
-            self.store[h] = None
-            self.store.move_to_end(h)
-        evicted = []
-        while len(self.store) > self.spec.kvstore_blocks:
-            evicted.append(self.store.popitem(last=False)[0])
-        events: list = ([BlockRemoved(tuple(evicted))] if evicted else []) + (
-            [BlockStored(tuple(new), None)] if new else [])
-        if events:
-            await self.store_publisher.apply(events)
 
 
 def simulate(policy: str, traffic: Traffic, spec: SimSpec, redis_url: str) -> SimResult:

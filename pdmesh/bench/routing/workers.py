@@ -1,5 +1,5 @@
-"""A simulated prefill worker: a queue served in order and an LRU pool of block hashes,
-publishing what its pool gains and loses through the real ``IndexPublisher``."""
+"""A simulated prefill worker: a queue served in order and an LRU pool of block hashes
+that publishes what it gains and loses through the real ``IndexPublisher``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pdmesh.bench.routing.traffic import Job
 from pdmesh.index.publisher import IndexPublisher
+from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
 from services.router.registry import WorkerHandle
 
 
@@ -27,22 +28,45 @@ class Served:
     done: float = 0.0
 
 
+class LRUBlocks:
+    """A pool of block hashes evicted least recently used first, publishing what it gains
+    and loses to the index: a worker's prefix cache, or the kvstore tier."""
+
+    def __init__(self, capacity: int, publisher: IndexPublisher) -> None:
+        self.capacity = capacity
+        self.publisher = publisher
+        self.blocks: OrderedDict[bytes, None] = OrderedDict()
+
+    def held(self, hashes: list[bytes], start: int = 0) -> int:
+        """Leading blocks of ``hashes[start:]`` present."""
+        n = start
+        while n < len(hashes) and hashes[n] in self.blocks:
+            n += 1
+        return n - start
+
+    async def store(self, hashes: list[bytes]) -> None:
+        """Touch the blocks (most recent last), evict beyond capacity, publish both."""
+        new = [h for h in hashes if h not in self.blocks]
+        for h in hashes:
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        evicted = []
+        while len(self.blocks) > self.capacity:
+            evicted.append(self.blocks.popitem(last=False)[0])
+        events: list[KVEvent] = ([BlockRemoved(tuple(evicted))] if evicted else []) + (
+            [BlockStored(tuple(new), None)] if new else [])
+        if events:
+            await self.publisher.apply(events)
+
+
 class SimWorker:
     def __init__(self, index: int, pool_blocks: int, handle: WorkerHandle, publisher: IndexPublisher) -> None:
         self.index = index
-        self.pool_blocks = pool_blocks
         self.handle = handle
-        self.publisher = publisher
-        self.lru: OrderedDict[bytes, None] = OrderedDict()
+        self.pool = LRUBlocks(pool_blocks, publisher)
         self.queue: deque[Served] = deque()
         self.current: Served | None = None
         self.busy_s = 0.0
-
-    def held(self, hashes: list[bytes]) -> int:
-        n = 0
-        while n < len(hashes) and hashes[n] in self.lru:
-            n += 1
-        return n
 
     def uncached_queue(self, block_size: int) -> int:
         """Prompt tokens still to compute here, less what queued prompts will find cached
@@ -51,16 +75,5 @@ class SimWorker:
         if self.current is not None:
             todo += len(self.current.job.tokens) - self.current.cached - self.current.fetched
         for s in self.queue:
-            todo += len(s.job.tokens) - self.held(s.hashes) * block_size
+            todo += len(s.job.tokens) - self.pool.held(s.hashes) * block_size
         return todo
-
-    def store(self, hashes: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-        """Touch the prompt's blocks (LRU), returning (new, evicted)."""
-        new = [h for h in hashes if h not in self.lru]
-        for h in hashes:
-            self.lru[h] = None
-            self.lru.move_to_end(h)
-        evicted = []
-        while len(self.lru) > self.pool_blocks:
-            evicted.append(self.lru.popitem(last=False)[0])
-        return new, evicted

@@ -6,13 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdmesh.bench.serve.targets import Record
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+from pdmesh.bench.stats import pct
 
 
 @dataclass(frozen=True)

@@ -69,45 +69,25 @@ class CacheAwarePolicy:
     def choose(self, candidates: list[WorkerHandle], ctx: RouteContext) -> Decision:
         if ctx.matched is None:
             return Decision(ring_pick(candidates, ctx.routing_key), "index_down")
-        # Holders are few and get the full estimate; every other worker computes the same
-        # tokens, so one tight pass finds the fastest of them (this runs per request, over
-        # up to thousands of workers).
         matched = ctx.matched
         holders = [self.estimate(w, ctx) for w in candidates if w.worker_id in matched] if matched else []
-        held = {id(e.worker) for e in holders}
-        prompt = max(ctx.num_tokens, len(ctx.hashes) * ctx.block_size)
-        fetched = min(prompt, ctx.kvstore_blocks * ctx.block_size)
-        computed = prompt - fetched
-        estimates = list(holders)
-        fastest = float("inf")
         pool = candidates
         if len(candidates) > 2 * self.sample:
             # Among many workers that all lack the prompt, the fastest of a random sample
             # is nearly as good as the fastest of all ("power of d choices") and keeps a
-            # decision within a millisecond at 1,000 workers (docs/routing.md).
+            # decision cheap at 1,000 workers (docs/routing.md).
             pool = self.rng.sample(candidates, self.sample)
-        for w in pool:
-            if id(w) in held:
-                continue
-            compute, fetch = self.costs(w)
-            seconds = (w.queued_tokens + computed) * compute + fetched * fetch
-            if seconds < fastest * (1 - 1e-9):
-                fastest = seconds
-                others = [Estimate(w, seconds, 0, fetched)]
-            elif seconds <= fastest * (1 + 1e-9):
-                others.append(Estimate(w, seconds, 0, fetched))
-        if fastest < float("inf"):
-            estimates += others
+        held = {id(e.worker) for e in holders}
+        estimates = holders + [self.estimate(w, ctx) for w in pool if id(w) not in held]
         fastest = min(e.seconds for e in estimates)
         tied = [e for e in estimates if e.seconds <= fastest * (1 + 1e-9)]
         best = tied[0]
         if len(tied) > 1:
             chosen = rendezvous_pick([e.worker for e in tied], ctx.routing_key)
             best = next(e for e in tied if e.worker is chosen)
-        holder = max(holders, key=lambda e: e.cached, default=None)
         if best.cached:
             reason = "hit"
-        elif holder is not None:
+        elif holders:
             reason = "balance"  # sent away from a worker holding part of the prompt
         else:
             reason = "kvstore" if best.fetched else "miss"

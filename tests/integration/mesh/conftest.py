@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from pdmesh.client import Client
-from pdmesh.launcher import Mesh, MeshSpec, is_serving
+from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.v1 import admin_pb2_grpc, worker_pb2
 

@@ -39,6 +39,12 @@ class RouterConfig(MeshContract, ServerConfig):
     kvstore_cost_ratio: float = 0.1
     """cache_aware: cost of a token fetched from the kvstore, as a fraction of computing
     it, until a worker has measured its own fetches."""
+    route_tolerance: float = 0.3
+    """cache_aware: estimates within this fraction of the fastest count as equal, and
+    among them the worker holding most of the prompt wins (then rendezvous hashing): a
+    prefix stays put unless that costs this much more. Measured costs are noisy; without
+    it the cheapest-measuring worker takes every new prefix (the simulator's sweep is in
+    docs/routing.md)."""
     require_client_cert: bool = True
     """With tls_ca: public clients of the gRPC port must present a certificate the CA
     signed (mutual TLS); false: server-side TLS, clients authenticated by api_key. Hops to

@@ -49,6 +49,8 @@ class SimSpec:
     overhead_s: float = 0.005
     """Per request (scheduling, hand-off), measured with ``s_per_token``."""
     fetch_ratio: float = 0.1
+    route_tolerance: float = RouterConfig.route_tolerance
+    """cache_aware's ``route_tolerance``."""
     kvstore_blocks: int = 0
     load: float = 0.7
     """Arrival rate as a fraction of capacity: the request rate the workers sustain when
@@ -115,7 +117,7 @@ class Simulation:
         self.client = client
         self.index = PrefixIndex(self.redis_url)
         cfg = RouterConfig(model="sim", prefill_us_per_token=spec.s_per_token * 1e6,
-                           kvstore_cost_ratio=spec.fetch_ratio)
+                           kvstore_cost_ratio=spec.fetch_ratio, route_tolerance=spec.route_tolerance)
         self.router = PrefillRouter(build_policy(self.policy_name, cfg), self.index, spec.block_size,
                                     clock=lambda: self.now)
         self.workers = [self._worker(i, client) for i in range(spec.prefill_workers)]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdmesh.bench.routing import report
 from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
+from services.router.config import RouterConfig
 
 if TYPE_CHECKING:
     from pdmesh.bench.routing.sim import SimResult, SimSpec
@@ -45,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kvstore-blocks", type=int, default=0, help="shared kvstore tier, 0 = none (default: %(default)s)")
     p.add_argument("--preload-blocks", type=int, default=0,
                    help="blocks each worker indexes before the run, to load the index (default: %(default)s)")
+    p.add_argument("--route-tolerance", type=float, default=RouterConfig.route_tolerance,
+                   help="cache_aware: estimates within this fraction count as equal (default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
     p.add_argument("--out", default="bench-results/route-sim.json", help="JSON report; PNGs beside it (default: %(default)s)")
 
@@ -72,7 +75,7 @@ def run_route_sim(args: argparse.Namespace) -> None:
                     spec = SimSpec(prefill_workers=workers, s_per_token=costs.s_per_token,
                                    overhead_s=costs.overhead_s, load=load, pool_factor=args.pool_factor,
                                    kvstore_blocks=args.kvstore_blocks, preload_blocks=args.preload_blocks,
-                                   slo_s=args.slo_ms / 1000)
+                                   slo_s=args.slo_ms / 1000, route_tolerance=args.route_tolerance)
                     result = simulate(policy, traffic, spec, redis.redis_url)
                     row = _row(result, spec)
                     rows.append(row)

@@ -45,9 +45,11 @@ class LRUBlocks:
         return n - start
 
     async def store(self, hashes: list[bytes]) -> None:
-        """Touch the blocks (most recent last), evict beyond capacity, publish both."""
+        """Touch the blocks, evict beyond capacity, publish both. A prompt's tail is touched
+        first, so it is evicted before its head, as the engine frees a request's blocks
+        (``KVCacheManager``): a chain loses its last blocks, not the one all others follow."""
         new = [h for h in hashes if h not in self.blocks]
-        for h in hashes:
+        for h in reversed(hashes):
             self.blocks[h] = None
             self.blocks.move_to_end(h)
         evicted = []

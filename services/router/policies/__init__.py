@@ -10,7 +10,8 @@ from services.router.policies.prefix_hash import PrefixHashPolicy
 from services.router.policies.round_robin import RoundRobinPolicy
 
 _FACTORIES = {
-    "cache_aware": lambda cfg: CacheAwarePolicy(cfg.prefill_us_per_token, cfg.kvstore_cost_ratio),
+    "cache_aware": lambda cfg: CacheAwarePolicy(cfg.prefill_us_per_token, cfg.kvstore_cost_ratio,
+                                                    cfg.route_tolerance),
     "prefix_hash": lambda cfg: PrefixHashPolicy(),
     "least_loaded": lambda cfg: LeastLoadedPolicy(),
     "round_robin": lambda cfg: RoundRobinPolicy(),

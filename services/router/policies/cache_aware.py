@@ -13,9 +13,11 @@ flight there (this router's own, or what the worker reports when that is more: o
 routers' work), and ``c`` / ``f`` the seconds per computed / fetched token each worker
 measures and advertises. So a prompt follows its prefix until the wait behind the holder
 costs more than recomputing elsewhere, and no request count or weight needs tuning: the
-units are seconds. Equal estimates are broken by rendezvous hashing of the prompt's first
-block, so misses on idle workers keep each prefix on one worker. The model and the measurements behind its defaults
-are in docs/routing.md.
+units are seconds. Estimates within ``tolerance`` of the fastest count as equal (measured
+costs are noisy; this is consistent hashing with bounded load): among those, the worker
+that holds most of the prompt wins, then rendezvous hashing of the prompt's first block,
+so misses on idle workers keep each prefix on one worker. The model and the measurements
+behind its defaults are in docs/routing.md.
 """
 
 from __future__ import annotations
@@ -41,20 +43,32 @@ class Estimate:
 class CacheAwarePolicy:
     name = "cache_aware"
 
-    def __init__(self, us_per_token: float, kvstore_ratio: float, sample: int = 32) -> None:
+    def __init__(self, us_per_token: float, kvstore_ratio: float, tolerance: float,
+                 sample: int = 32) -> None:
         self.sample = sample
         """Workers holding none of the prompt are compared all while there are at most
         twice this many, else this many chosen at random."""
         self.rng = random.Random()
         self.s_per_token = us_per_token * 1e-6
-        """Assumed for a worker that has not measured its own cost yet."""
+        """Assumed for a worker that has not measured its own cost yet: the configured
+        figure until any worker has, then an average of what workers measure (peers are
+        usually alike; a new worker priced at the default could look several times
+        cheaper than it is and take every miss until its first prefill)."""
+        self._measured_any = False
         self.kvstore_ratio = kvstore_ratio
         """A fetched token's cost as a fraction of a computed one, until measured."""
+        self.tolerance = tolerance
+        """Estimates within this fraction of the fastest are equal."""
 
     def costs(self, w: WorkerHandle) -> tuple[float, float]:
         """Seconds per computed and per fetched token on ``w``: measured, else assumed."""
         info = w.info
-        compute = (info.prefill_us_per_token * 1e-6 if info is not None else 0.0) or self.s_per_token
+        compute = info.prefill_us_per_token * 1e-6 if info is not None else 0.0
+        if compute:
+            self.s_per_token = compute if not self._measured_any else 0.95 * self.s_per_token + 0.05 * compute
+            self._measured_any = True
+        else:
+            compute = self.s_per_token
         fetch = (info.kvstore_us_per_token * 1e-6 if info is not None else 0.0) or compute * self.kvstore_ratio
         return compute, fetch
 
@@ -80,7 +94,10 @@ class CacheAwarePolicy:
         held = {id(e.worker) for e in holders}
         estimates = holders + [self.estimate(w, ctx) for w in pool if id(w) not in held]
         fastest = min(e.seconds for e in estimates)
-        tied = [e for e in estimates if e.seconds <= fastest * (1 + 1e-9)]
+        near = [e for e in estimates if e.seconds <= fastest * (1 + self.tolerance) + 1e-12]
+        # Keep the prompt where most of it already is: locally cached, then fetchable.
+        most = max((e.cached + e.fetched, e.cached) for e in near)
+        tied = [e for e in near if (e.cached + e.fetched, e.cached) == most]
         best = tied[0]
         if len(tied) > 1:
             chosen = rendezvous_pick([e.worker for e in tied], ctx.routing_key)

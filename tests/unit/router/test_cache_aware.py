@@ -18,7 +18,7 @@ from services.router.registry import WorkerHandle
 BS = 16
 PROMPT = 1024
 HASHES = BlockHasher(BS).hash_tokens(list(range(PROMPT)))  # 64 full blocks
-POLICY = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1)
+POLICY = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1, tolerance=0.3)
 
 
 def worker(i: int, pending: int = 0, us: float = 0.0, kv_us: float = 0.0) -> WorkerHandle:
@@ -40,9 +40,26 @@ def test_an_idle_holder_wins_and_reports_its_cached_tokens() -> None:
 def test_the_holder_wins_while_its_queue_costs_less_than_recomputing() -> None:
     # p0 holds 768 tokens: 256 to compute there vs 1024 on idle p1. Behind 767 queued
     # tokens it is still ahead (1023 < 1024); behind 769 it is not.
-    assert POLICY.choose([worker(0, pending=767), worker(1)], ctx({"p0": 48})).worker.worker_id == "p0"
-    d = POLICY.choose([worker(0, pending=769), worker(1)], ctx({"p0": 48}))
+    exact = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1, tolerance=0.0)
+    assert exact.choose([worker(0, pending=767), worker(1)], ctx({"p0": 48})).worker.worker_id == "p0"
+    d = exact.choose([worker(0, pending=769), worker(1)], ctx({"p0": 48}))
     assert (d.worker.worker_id, d.reason, d.cached_tokens) == ("p1", "balance", 0)
+    # Within a 30% tolerance the holder keeps it up to 1.3 x 1024 = 1331.2 tokens of
+    # estimate: 1075 queued, not 1076.
+    assert POLICY.choose([worker(0, pending=1075), worker(1)], ctx({"p0": 48})).worker.worker_id == "p0"
+    assert POLICY.choose([worker(0, pending=1076), worker(1)], ctx({"p0": 48})).worker.worker_id == "p1"
+
+
+def test_cost_noise_between_equal_workers_does_not_steer_new_prefixes() -> None:
+    # Two workers measuring 600 and 640 us/token (the same machine, noisy): new prefixes
+    # spread by rendezvous hashing instead of all going to the one that measured lower.
+    a, b = worker(0, us=600.0), worker(1, us=640.0)
+    picks = {POLICY.choose([a, b], RouteContext(h, h[0], {}, BS, 0, PROMPT)).worker.worker_id
+             for h in (BlockHasher(BS, seed=i).hash_tokens(list(range(PROMPT))) for i in range(16))}
+    assert picks == {"p0", "p1"}
+    # ...and a small holder on the dearer worker keeps its prefix.
+    d = POLICY.choose([a, b], ctx({"p1": 2}))
+    assert (d.worker.worker_id, d.reason, d.cached_tokens) == ("p1", "hit", 32)
 
 
 def test_queued_tokens_not_request_counts_decide_a_miss() -> None:
@@ -96,7 +113,7 @@ def test_at_scale_holders_are_always_considered_and_others_sampled() -> None:
     ws = [worker(i, pending=5000) for i in range(1000)]
     ws[999].pending_tokens = 500
     ws[700].pending_tokens = 0  # the only idle worker
-    policy = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1)
+    policy = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1, tolerance=0.3)
     policy.rng = random.Random(0)
     d = policy.choose(ws, ctx({"p999": 64}))  # the holder (500 queued) beats even the idle one
     assert (d.worker.worker_id, d.reason) == ("p999", "hit")
@@ -105,3 +122,12 @@ def test_at_scale_holders_are_always_considered_and_others_sampled() -> None:
     picks = [policy.choose(ws, ctx({})).worker for _ in range(310)]
     assert 3 <= sum(w is ws[700] for w in picks) <= 25
     assert sum(w is ws[999] for w in picks) >= 3
+
+
+def test_a_worker_that_has_not_measured_is_priced_like_its_measured_peers() -> None:
+    # Default 100 us/token; the fleet measures 600. A fresh worker priced at the default
+    # would look 6x cheaper than a holder of half the prompt and take it.
+    policy = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1, tolerance=0.3)
+    measured, fresh = worker(0, us=600.0), worker(1)
+    assert policy.choose([measured, fresh], ctx({"p0": 32})).worker is measured
+    assert policy.costs(fresh)[0] == pytest.approx(600e-6)

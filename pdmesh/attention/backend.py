@@ -10,6 +10,7 @@ a flashinfer backend (GPU) implements the same two methods.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Protocol
 
 import torch
@@ -50,6 +51,10 @@ class AttentionMetadata:
 
 class AttentionBackend(Protocol):
     """What a model layer calls; one instance per engine."""
+
+    kernels: ModuleType | None
+    """pdmesh's compiled CPU kernels when this backend runs them (the model then uses their
+    fused norms and rotary embedding too), else None."""
 
     def write_kv(
         self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata

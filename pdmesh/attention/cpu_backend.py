@@ -20,12 +20,13 @@ class CPUAttentionBackend(TorchAttentionBackend):
         if torch.device(device).type != "cpu":
             raise ValueError(f"the cpu attention backend runs on the CPU, not {device}")
         super().__init__(device)
-        self._kernels = load()
+        self.kernels = load()
+        """Also the model's fused norms and rotary embedding (``use_kernels``)."""
 
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
         if meta.decode_block_tables is None or meta.decode_seq_lens is None:
             raise RuntimeError("decode tokens scheduled without decode block tables")
-        return self._kernels.paged_decode(q.contiguous(), kv_layer, meta.decode_block_tables,
+        return self.kernels.paged_decode(q.contiguous(), kv_layer, meta.decode_block_tables,
                                           meta.decode_seq_lens, scale)

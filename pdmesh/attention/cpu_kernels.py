@@ -20,7 +20,7 @@ from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
 log = logging.getLogger(__name__)
-SOURCES = (Path(__file__).parent / "csrc" / "paged_attention.cpp",)
+SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("module.cpp", "paged_attention.cpp", "elementwise.cpp"))
 
 
 class KernelsUnavailableError(PdmeshError):

@@ -8,6 +8,8 @@ tokens identical in float32.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +22,8 @@ class TorchAttentionBackend:
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self._device = torch.device(device)
         self._buffers: dict[str, torch.Tensor] = {}
+        self.kernels: ModuleType | None = None
+        """No fused kernels: the model runs its norms and rotary embedding in torch ops."""
 
     def write_kv(
         self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata

@@ -60,6 +60,7 @@ class ModelRunner:
         self.block_size = block_size
         self.kv = kv
         self.backend = backend
+        model.use_kernels(backend.kernels)
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
         self.kv_cache = torch.zeros((num_blocks, *layout.block_shape), dtype=dtype, device=self.device)

@@ -8,12 +8,12 @@ decoding on random-weight models is sensitive to the last ulp.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 
 import torch
 from torch import nn
 
 from pdmesh.model.config import RopeConfig
-
 
 MM_MAX_ROWS = 256
 """Up to this many rows (decode batches, verified drafts, short prefills) ``linear`` takes
@@ -47,8 +47,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernels: ModuleType | None = None
+        """The CPU kernels (``pdmesh.attention.cpu_kernels``) when the engine runs them:
+        float32 rows are then normalised in one pass instead of five."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and x.dtype == torch.float32 and x.dim() == 2 and x.stride(-1) == 1:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -103,6 +108,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return (x * cos) + (_rotate_half(x) * sin)
+
+
+def apply_rope_(kernels: ModuleType | None, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> torch.Tensor:
+    """``apply_rope`` with ``cos`` / ``sin`` as [T, 1, head_dim]: in place, in one pass, by
+    the CPU kernel when it can (float32); otherwise into a new tensor."""
+    if kernels is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+        kernels.rope_(x, cos.squeeze(1), sin.squeeze(1))
+        return x
+    return apply_rope(x, cos, sin)
 
 
 class GatedMLP(nn.Module):

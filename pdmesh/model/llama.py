@@ -8,6 +8,7 @@ Only the rows that sample (``logits_indices``) go through the LM head.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -15,7 +16,14 @@ from torch import nn
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ModelConfig
-from pdmesh.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rope, linear
+from pdmesh.model.layers import (
+    GatedMLP,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rope_,
+    linear,
+)
 
 
 class Attention(nn.Module):
@@ -31,6 +39,8 @@ class Attention(nn.Module):
         self.o = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.kernels: ModuleType | None = None
+        """The CPU kernels when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
 
     def forward(
         self,
@@ -49,8 +59,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q = apply_rope_(self.kernels, q, cos, sin)
+        k = apply_rope_(self.kernels, k, cos, sin)
         backend.write_kv(kv_layer, k, v, meta)
         out = backend.attend(q, k, v, kv_layer, meta, self.scale)
         return self.o(out.reshape(t, self.q_size))
@@ -80,6 +90,13 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
+
+    def use_kernels(self, kernels: ModuleType | None) -> None:
+        """Run norms and rotary embedding with pdmesh's fused CPU kernels (the module
+        ``pdmesh.attention.cpu_kernels.load`` returns), or with torch ops (None)."""
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, Attention)):
+                m.kernels = kernels
 
     @torch.inference_mode()
     def forward(

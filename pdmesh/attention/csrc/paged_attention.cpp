@@ -115,6 +115,8 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
   });
 }
 
+}  // namespace
+
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& block_tables,
                         const at::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [batch, heads, head_dim]");
@@ -129,10 +131,4 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const a
     decode<scalar_t>(q, kv_layer, block_tables, seq_lens, scale, out);
   });
   return out;
-}
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over a paged KV pool (CPU)");
 }

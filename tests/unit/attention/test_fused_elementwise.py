@@ -1,0 +1,65 @@
+"""The fused CPU norm and rotary kernels against the torch formulas they replace, on the
+layouts the model hands them (row-major prefill rows, transposed decode views), and the
+model wiring that turns them on with the CPU attention backend only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pdmesh.attention.cpu_kernels import load
+from pdmesh.engine.llm import LLM
+from pdmesh.model.layers import RMSNorm, apply_rope, apply_rope_, linear
+from pdmesh.model.llama import Attention
+
+KERNELS = load()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rms_norm_matches_the_reference(rows: int) -> None:
+    torch.manual_seed(rows)
+    norm = RMSNorm(512, 1e-6)
+    norm.weight.data = torch.randn(512)
+    x = torch.randn(rows, 512) * 3
+    reference = norm(x)
+    norm.kernels = KERNELS
+    fused = norm(x)
+    torch.testing.assert_close(fused, reference, rtol=1e-6, atol=1e-6)
+    # A strided view of rows (a slice of a wider buffer) is read in place.
+    wide = torch.randn(rows, 1024)
+    torch.testing.assert_close(norm(wide[:, 256:768]), _torch(norm)(wide[:, 256:768]),
+                               rtol=1e-6, atol=1e-6)
+
+
+def _torch(norm: RMSNorm) -> RMSNorm:
+    """The same norm without kernels."""
+    plain = RMSNorm(norm.weight.numel(), norm.eps)
+    plain.weight.data = norm.weight.data
+    return plain
+
+
+@pytest.mark.parametrize("tokens", [3, 300])
+def test_rope_in_place_matches_the_reference_on_the_models_layouts(tokens: int) -> None:
+    torch.manual_seed(tokens)
+    heads, dim = 8, 64
+    angles = torch.randn(tokens, dim // 2) * 10
+    cos = torch.cat([angles.cos()] * 2, -1).unsqueeze(1)
+    sin = torch.cat([angles.sin()] * 2, -1).unsqueeze(1)
+    # The q slice of a fused qkv projection: transposed for few rows, row-major for many.
+    qkv = linear(torch.randn(tokens, 128), torch.randn(heads * dim + 256, 128))
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    reference = apply_rope(q.clone(), cos, sin)
+    out = apply_rope_(KERNELS, q, cos, sin)
+    assert out.data_ptr() == q.data_ptr()  # in place
+    torch.testing.assert_close(out, reference, rtol=1e-6, atol=1e-5)
+    assert torch.equal(apply_rope_(None, reference, cos, sin), apply_rope(reference, cos, sin))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_the_cpu_backend_turns_the_kernels_on_in_every_norm_and_attention(llama_dir: Path, backend: str) -> None:
+    model = LLM(str(llama_dir), dtype="float32", num_blocks=16, attention_backend=backend).engine.runner.model
+    layers = [m for m in model.modules() if isinstance(m, (RMSNorm, Attention))]
+    assert len(layers) == 3 * model.cfg.num_layers + 1  # two norms and attention per layer, final norm
+    assert all(m.kernels is (KERNELS if backend == "cpu" else None) for m in layers)

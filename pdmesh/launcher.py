@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdmesh.rpc.health import is_serving
+from pdmesh.rpc.process import PARENT_ENV
 from pdmesh.rpc.tls import TLSFiles
 
 
@@ -197,7 +198,7 @@ class Mesh:
         log_path = self.log_dir / f"{name}.log"
         # OTEL_* variables pass through; each process names itself after its role.
         env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"),
-                   OTEL_SERVICE_NAME=f"pdmesh-{args[0]}")
+                   OTEL_SERVICE_NAME=f"pdmesh-{args[0]}", **{PARENT_ENV: str(os.getpid())})
         popen = subprocess.Popen(
             [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
             stderr=subprocess.STDOUT, env=env, start_new_session=True,

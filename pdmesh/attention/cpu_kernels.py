@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -37,12 +38,38 @@ def module_name(flags: str) -> str:
     return f"pdmesh_cpu_kernels_{digest.hexdigest()[:12]}"
 
 
+STALE_LOCK_S = 600.0
+"""A build lock older than this was left by a build that died (a build takes about two
+minutes on our 2-core machines)."""
+
+
+def wait_for_build_lock(build_dir: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 1.0) -> None:
+    """Return once no build holds ``build_dir``'s lock. torch's own wait for that lock has
+    no deadline, and a build killed midway (a worker stopped during its first start)
+    leaves the lock behind: every later start would hang. A lock is waited for until it
+    is ``stale_s`` old, then removed with a warning (no build takes that long), so this
+    returns within ``stale_s``."""
+    lock = build_dir / "lock"
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_s:
+            log.warning("removing %s, left %.0f s ago by a kernel build that did not finish", lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(poll_s)
+
+
 @functools.cache
 def load() -> ModuleType:
     """The compiled module; raises ``KernelsUnavailableError`` saying why it is not."""
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
     name = module_name(cpu_flags())
+    wait_for_build_lock(Path(_get_build_directory(name, verbose=False)))
     try:
         module = build(name=name, sources=[str(s) for s in SOURCES],
                        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],

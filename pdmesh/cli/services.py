@@ -44,6 +44,7 @@ def run_service(role: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         import asyncio
 
+        from pdmesh.rpc.process import exit_with_parent
         from pdmesh.telemetry.logging_setup import setup_logging
         from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 
@@ -52,6 +53,7 @@ def run_service(role: str) -> Callable[[argparse.Namespace], int]:
         cfg = config_from_args(args, config_class(role), ENV_PREFIX[role])
         setup_logging()
         setup_tracing(f"pdmesh-{role}")
+        exit_with_parent()
         try:
             asyncio.run(_serve_function(role)(cfg))
         finally:

@@ -200,10 +200,9 @@ class LLMEngine:
             prepared = self.runner.prepare(sched) if sched else None
         started = time.perf_counter()
         result = self.runner.forward(prepared) if prepared is not None else None
-        if result is not None:
-            prompt = sum(i.num_new_tokens for i in sched.scheduled if i.num_new_tokens > 1 and not i.spec)
-            if prompt >= 0.9 * sched.num_batched_tokens:  # decode rows cost far less
-                self.prefill_cost.observe(prompt, time.perf_counter() - started)
+        # Steps that are mostly prompt: decode rows cost far less than a prompt token.
+        if result is not None and (prompt := sched.num_prompt_tokens) >= 0.9 * sched.num_batched_tokens > 0:
+            self.prefill_cost.observe(prompt, time.perf_counter() - started)
         with self.lock:
             return self._finish_step(sched, result)
 

@@ -54,6 +54,11 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens of prompt chunks: rows of more than one new token that are not drafts."""
+        return sum(s.num_new_tokens for s in self.scheduled if s.num_new_tokens > 1 and not s.spec)
+
     def __bool__(self) -> bool:
         return bool(self.scheduled)
 

@@ -5,6 +5,7 @@
 - ``pdmesh:seq:{member}``     last applied event batch number
 - ``pdmesh:hb:{worker_id}``   heartbeat (JSON: epoch, address, seq, unix ms), expires
 - ``pdmesh:member:{role}:{worker_id}``  a live worker (JSON ``Member``), expires unless renewed
+- ``pdmesh:members``        SET of those member keys (readers find members without a SCAN)
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def heartbeat_key(worker_id: str) -> str:
     return f"{PREFIX}:hb:{worker_id}"
 
 
-MEMBER_PATTERN = f"{PREFIX}:member:*"
+MEMBERS_KEY = f"{PREFIX}:members"
+"""The member keys, so a router's poll reads a handful of keys instead of scanning a
+keyspace that holds a key per indexed block (a million at 1,000 workers)."""
 
 
 def member_key(role: str, worker_id: str) -> str:

@@ -2,7 +2,7 @@
 
 A worker started with ``--redis-url`` announces itself under
 ``pdmesh:member:{role}:{worker_id}`` with its address and epoch, renewed every
-``interval_s`` with a TTL of ``ttl_ms``; on SIGTERM it rewrites the record as ``leaving``
+``interval_s`` with a TTL of ``ttl_ms`` and listed in the ``pdmesh:members`` set; on SIGTERM it rewrites the record as ``leaving``
 before it stops taking requests (``leave``). Routers poll the records (``read_members``):
 a new member is added and asked for its ``Info`` at once, a leaving one gets no new
 requests. A record that merely expires says little (a worker under heavy load can miss a
@@ -57,7 +57,7 @@ class MemberAnnouncer:
         failing = False
         while not self._left:
             try:
-                await self.redis.set(self.key, json.dumps(asdict(self.member)), px=self.ttl_ms)
+                await announce(self.redis, self.key, json.dumps(asdict(self.member)), self.ttl_ms)
                 if failing:
                     log.info("membership renewed in Redis again")
                 failing = False
@@ -74,23 +74,36 @@ class MemberAnnouncer:
         self._left = True
         record = json.dumps(asdict(self.member) | {"state": "leaving"})
         try:
-            await asyncio.wait_for(self.redis.set(self.key, record, px=self.ttl_ms), timeout=1.0)
+            await asyncio.wait_for(announce(self.redis, self.key, record, self.ttl_ms), timeout=1.0)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("could not announce leaving in Redis (%s); routers will notice the "
                         "drain when this worker stops answering", exc)
 
 
+async def announce(redis: aioredis.Redis, key: str, record: str, ttl_ms: int) -> None:
+    """Write a member record with its TTL and list its key, in one round trip."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.set(key, record, px=ttl_ms)
+        pipe.sadd(keys.MEMBERS_KEY, key)
+        await pipe.execute()
+
+
 async def read_members(redis: aioredis.Redis) -> list[Member]:
-    """Every live member (one SCAN and one MGET); unreadable records are skipped."""
-    names = [k async for k in redis.scan_iter(match=keys.MEMBER_PATTERN, count=1000)]
+    """Every live member (one SMEMBERS and one MGET); unreadable records are skipped, and
+    keys whose record expired are dropped from the set (a member that renews again adds
+    its key back with the record)."""
+    names = sorted(await redis.smembers(keys.MEMBERS_KEY))
     if not names:
         return []
-    out = []
-    for raw in await redis.mget(names):
+    out, expired = [], []
+    for name, raw in zip(names, await redis.mget(names), strict=True):
         if raw is None:
-            continue  # expired between SCAN and MGET
+            expired.append(name)
+            continue
         try:
             out.append(Member(**json.loads(raw)))
         except (TypeError, ValueError):
             log.warning("ignoring a malformed membership record: %r", raw[:200])
+    if expired:
+        await redis.srem(keys.MEMBERS_KEY, *expired)
     return out

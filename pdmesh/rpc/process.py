@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,3 +54,27 @@ def remaining(context: grpc.aio.ServicerContext, default: float) -> float:
     """Seconds left on the caller's deadline (``default`` when it set none)."""
     left = context.time_remaining()
     return default if left is None else max(0.0, left)
+
+
+PARENT_ENV = "PDMESH_PARENT_PID"
+"""Set by whoever starts a service process and wants it gone with them (``Mesh``)."""
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """With ``PDMESH_PARENT_PID`` set: drain and exit (SIGTERM to ourselves) once that
+    process is gone. Services run in sessions of their own so a Ctrl-C reaches them only
+    through the launcher's orderly stop; a launcher that is killed outright (SIGKILL, a
+    test runner's timeout) would otherwise leave every worker serving forever, holding
+    ports, memory and cores."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return
+    parent_pid = int(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="pdmesh-parent-watch", daemon=True).start()
+

@@ -28,7 +28,7 @@ from services.router.completions import Completions
 from services.router.config import RouterConfig
 from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
-from services.router.policies import Decision, Policy, RouteContext, build_policy
+from services.router.policies import Decision, RouteContext, build_policy
 from services.router.prefill_routing import PrefillRouter
 from services.router.registry import Registry, WorkerHandle
 
@@ -153,26 +153,6 @@ class RouterCore:
         lookup.end()
         return decision
 
-    def index_health(self) -> str:
-        return self.prefill_router.health()
-
-    # Index counters live with the prefill decision; read here by metrics and RouterStats.
-    @property
-    def index_fallbacks(self) -> int:
-        return self.prefill_router.index_fallbacks
-
-    @property
-    def index_timeouts(self) -> int:
-        return self.prefill_router.index_timeouts
-
-    @property
-    def index_failing_since(self) -> float | None:
-        return self.prefill_router.index_failing_since
-
-    @property
-    def prefill_policy(self) -> Policy:
-        return self.prefill_router.policy
-
     def unservable(self) -> str:
         """Why the mesh cannot serve a request now ("" when it can)."""
         if not self.workers.healthy("decode"):
@@ -193,7 +173,7 @@ class RouterCore:
             self.local_prefills += 1
             self.decisions[f"local/{local_reason}"] += 1
         elif choice is not None:
-            self.decisions[f"{self.prefill_policy.name}/{choice.reason}"] += 1
+            self.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
 
     def local_reason(self, choice: Decision | None, ids: list[int]) -> str:
         """Why this request prefills on its decode worker ("" = it does not)."""

@@ -165,7 +165,7 @@ class RequestFlow:
         choice = await core.route_prefill(self.prompt, self.params, self.tried, tracing.child_context(span))
         reason = core.local_reason(choice, self.prompt)
         span.set_attributes({
-            "pdmesh.policy": core.prefill_policy.name,
+            "pdmesh.policy": core.prefill_router.policy.name,
             "pdmesh.prefill": choice.worker.worker_id if choice else "",
             "pdmesh.reason": choice.reason if choice else "",
             "pdmesh.cached_prefix_tokens": choice.cached_tokens if choice else 0,

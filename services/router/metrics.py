@@ -17,19 +17,20 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
         policy, _, reason = key.partition("/")
         out.append(("counter", "pdmesh_routing_decisions", "Routing decisions by policy and reason",
                     n, {"policy": policy, "reason": reason}))
+    index = core.prefill_router
     out += [
         ("counter", "pdmesh_local_prefills", "Prompts prefilled on the decode worker", core.local_prefills, {}),
         ("counter", "pdmesh_index_fallbacks", "Index lookups that failed (consistent hashing used)",
-         core.index_fallbacks, {}),
+         index.index_fallbacks, {}),
         ("counter", "pdmesh_prefill_retries", "Requests retried on another prefill worker",
          core.prefill_retries, {}),
         ("counter", "pdmesh_decode_migrations", "Requests continued on another decode worker mid-stream",
          core.migrations, {}),
         ("gauge", "pdmesh_index_staleness_seconds",
          "Seconds the index has been unreachable (0 while lookups succeed, idle or not)",
-         time.monotonic() - core.index_failing_since if core.index_failing_since is not None else 0.0, {}),
+         time.monotonic() - index.index_failing_since if index.index_failing_since is not None else 0.0, {}),
         ("counter", "pdmesh_index_timeouts", "Index lookups that timed out (slow, not down)",
-         core.index_timeouts, {}),
+         index.index_timeouts, {}),
         ("gauge", "pdmesh_requests_in_flight", "Requests the router is serving", len(core.flows), {}),
         ("gauge", "pdmesh_requests_queued", "Requests waiting for an admission slot", core.admission.queued, {}),
         ("counter", "pdmesh_requests_refused", "Requests refused at capacity (RESOURCE_EXHAUSTED)",

@@ -189,14 +189,12 @@ class Registry:
                 continue
             w.member, w.left = True, False
             joined.append(w)
-        for w in list(self.workers):
-            if (w.role, w.address) not in records:
-                w.member = False
-            # A joined worker is forgotten once nothing of ours runs there and it either
-            # left or is down with no record (an expired record alone is not death).
-            gone = w.left or (not w.member and not w.healthy)
-            if w.joined and gone and w.in_flight == 0:
-                self.workers.remove(w)
+        for w in self.workers:
+            w.member = (w.role, w.address) in records
+        # A joined worker is forgotten once nothing of ours runs there and it either left
+        # or is down with no record (an expired record alone is not death).
+        self.workers = [w for w in self.workers if not (
+            w.joined and w.in_flight == 0 and (w.left or (not w.member and not w.healthy)))]
         return joined
 
     async def watch_members(self, redis_url: str) -> None:

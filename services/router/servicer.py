@@ -78,7 +78,7 @@ class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
         self.core = core
 
     async def ListWorkers(self, request, context) -> admin_pb2.ListWorkersResponse:  # noqa: N802
-        out = admin_pb2.ListWorkersResponse(index=self.core.index_health())
+        out = admin_pb2.ListWorkersResponse(index=self.core.prefill_router.health())
         for w in self.core.workers.workers:
             status = out.workers.add(address=w.address, healthy=w.healthy, refused_reason=w.refused,
                                      in_flight=w.in_flight, role=w.role, state=w.state, joined=w.joined)
@@ -90,7 +90,7 @@ class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
         c = self.core
         return admin_pb2.RouterStatsResponse(
             decisions=dict(c.decisions), local_prefills=c.local_prefills,
-            index_fallbacks=c.index_fallbacks, prefill_retries=c.prefill_retries,
+            index_fallbacks=c.prefill_router.index_fallbacks, prefill_retries=c.prefill_retries,
             decode_migrations=c.migrations, refused=c.admission.refused,
         )
 

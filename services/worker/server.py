@@ -18,8 +18,8 @@ from grpc_health.v1 import health
 
 from pdmesh.rpc.process import cancel_all, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
-from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.server import serve_until_signal, set_serving
+from pdmesh.rpc.tls import TLSFiles
 from pdmesh.telemetry.metrics import serve_metrics
 from services.worker import servicer
 from services.worker.config import WorkerConfig

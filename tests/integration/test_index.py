@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -56,5 +58,31 @@ def test_snapshot_replaces_what_a_worker_published(redis_url: str) -> None:
         index = PrefixIndex(redis_url)
         assert await index.longest_prefix(CHAIN) == {("p0", "e1"): 2}
         await index.close()
+
+    asyncio.run(main())
+
+
+def test_members_are_read_from_their_set_and_expired_keys_leave_it(redis_url: str) -> None:
+    """Routers find members through ``pdmesh:members`` (no SCAN over the index's keys);
+    a record that expired is skipped and its key dropped, and renewing adds it back."""
+    import redis.asyncio as aioredis
+
+    from pdmesh.index import keys
+    from pdmesh.index.membership import Member, announce, read_members
+
+    async def main() -> None:
+        client = aioredis.from_url(redis_url)
+        live = Member("decode", "d0", "127.0.0.1:1", "e0")
+        gone = Member("prefill", "p0", "127.0.0.1:2", "e0")
+        await announce(client, keys.member_key("decode", "d0"), json.dumps(asdict(live)), 10_000)
+        await announce(client, keys.member_key("prefill", "p0"), json.dumps(asdict(gone)), 50)
+        await client.set(keys.member_key("prefill", "unlisted"), json.dumps(asdict(gone)))  # not announced
+        assert set(await read_members(client)) == {live, gone}
+        await asyncio.sleep(0.1)  # p0's record expires
+        assert await read_members(client) == [live]
+        assert await client.smembers(keys.MEMBERS_KEY) == {keys.member_key("decode", "d0").encode()}
+        await announce(client, keys.member_key("prefill", "p0"), json.dumps(asdict(gone)), 10_000)
+        assert set(await read_members(client)) == {live, gone}
+        await client.aclose()
 
     asyncio.run(main())

@@ -50,3 +50,47 @@ def test_dead_processes_come_back_and_the_mesh_serves(llama_dir: Path, tmp_path:
             assert "restarted on" in events[0] and proc.address == address, events
             _serves(mesh.router_address, want)
         assert sup.restarts == {"decode-0": 1, "redis": 1, "router": 1}
+
+
+def test_services_exit_when_their_launcher_is_killed(llama_dir: Path, tmp_path: Path) -> None:
+    """A launcher killed outright (SIGKILL: no stop, no finally) leaves no service serving:
+    each notices its parent is gone and drains itself."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pids = tmp_path / "pids"
+    script = f"""
+import time
+from pdmesh.launcher import Mesh, MeshSpec
+m = Mesh(MeshSpec(model={str(llama_dir)!r}, prefill=0, decode=1, kvstore=0, log_dir={str(tmp_path / 'logs')!r},
+                  worker_args=["--dtype", "float32", "--num-blocks", "64"])).start()
+open({str(pids)!r}, "w").write(" ".join(str(p.popen.pid) for p in [*m.decode, m.router]))
+time.sleep(600)
+"""
+    launcher = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 180
+    while not pids.is_file() or not pids.read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, "the mesh did not start"
+        time.sleep(0.2)
+    services = [int(p) for p in pids.read_text().split()]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    alive = services
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in services if _running(p)]
+    for p in alive:  # leave nothing behind, even when the assertion below fails
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"still serving after their launcher died: {alive}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (an exited child of a dead parent is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -50,33 +50,34 @@ class CacheAwarePolicy:
         twice this many, else this many chosen at random."""
         self.rng = random.Random()
         self.s_per_token = us_per_token * 1e-6
-        """Assumed for a worker that has not measured its own cost yet: the configured
-        figure until any worker has, then an average of what workers measure (peers are
-        usually alike; a new worker priced at the default could look several times
-        cheaper than it is and take every miss until its first prefill)."""
-        self._measured_any = False
+        """Assumed for a worker that has not measured its own cost yet, while none of the
+        workers compared with it has either (see ``assumed_cost``)."""
         self.kvstore_ratio = kvstore_ratio
         """A fetched token's cost as a fraction of a computed one, until measured."""
         self.tolerance = tolerance
         """Estimates within this fraction of the fastest are equal."""
 
-    def costs(self, w: WorkerHandle) -> tuple[float, float]:
+    def assumed_cost(self, workers: list[WorkerHandle]) -> float:
+        """Seconds per token for a worker that has not measured yet: the mean of what the
+        others measured. Peers are usually alike; priced at the configured default, a
+        new worker could look several times cheaper than it is and take every miss
+        until its first prefill."""
+        measured = [w.info.prefill_us_per_token for w in workers
+                    if w.info is not None and w.info.prefill_us_per_token > 0]
+        return 1e-6 * sum(measured) / len(measured) if measured else self.s_per_token
+
+    def costs(self, w: WorkerHandle, assumed: float) -> tuple[float, float]:
         """Seconds per computed and per fetched token on ``w``: measured, else assumed."""
         info = w.info
-        compute = info.prefill_us_per_token * 1e-6 if info is not None else 0.0
-        if compute:
-            self.s_per_token = compute if not self._measured_any else 0.95 * self.s_per_token + 0.05 * compute
-            self._measured_any = True
-        else:
-            compute = self.s_per_token
+        compute = (info.prefill_us_per_token * 1e-6 if info is not None else 0.0) or assumed
         fetch = (info.kvstore_us_per_token * 1e-6 if info is not None else 0.0) or compute * self.kvstore_ratio
         return compute, fetch
 
-    def estimate(self, w: WorkerHandle, ctx: RouteContext) -> Estimate:
+    def estimate(self, w: WorkerHandle, ctx: RouteContext, assumed: float) -> Estimate:
         prompt = max(ctx.num_tokens, len(ctx.hashes) * ctx.block_size)
         cached = min(prompt, (ctx.matched or {}).get(w.worker_id, 0) * ctx.block_size)
         fetched = max(0, min(prompt, ctx.kvstore_blocks * ctx.block_size) - cached)
-        compute, fetch = self.costs(w)
+        compute, fetch = self.costs(w, assumed)
         seconds = (w.queued_tokens + prompt - cached - fetched) * compute + fetched * fetch
         return Estimate(w, seconds, cached, fetched)
 
@@ -84,15 +85,17 @@ class CacheAwarePolicy:
         if ctx.matched is None:
             return Decision(ring_pick(candidates, ctx.routing_key), "index_down")
         matched = ctx.matched
-        holders = [self.estimate(w, ctx) for w in candidates if w.worker_id in matched] if matched else []
+        holders = [w for w in candidates if w.worker_id in matched] if matched else []
         pool = candidates
         if len(candidates) > 2 * self.sample:
             # Among many workers that all lack the prompt, the fastest of a random sample
             # is nearly as good as the fastest of all ("power of d choices") and keeps a
             # decision cheap at 1,000 workers (docs/routing.md).
             pool = self.rng.sample(candidates, self.sample)
-        held = {id(e.worker) for e in holders}
-        estimates = holders + [self.estimate(w, ctx) for w in pool if id(w) not in held]
+        held = {id(w) for w in holders}
+        compared = holders + [w for w in pool if id(w) not in held]
+        assumed = self.assumed_cost(compared)
+        estimates = [self.estimate(w, ctx, assumed) for w in compared]
         fastest = min(e.seconds for e in estimates)
         near = [e for e in estimates if e.seconds <= fastest * (1 + self.tolerance) + 1e-12]
         # Keep the prompt where most of it already is: locally cached, then fetchable.

@@ -158,6 +158,7 @@ def test_a_member_whose_key_expires_is_forgotten(live_mesh: Mesh) -> None:
     client = redis.Redis.from_url(live_mesh.redis_url)
     ghost = {"role": "decode", "worker_id": "decode-ghost", "address": "127.0.0.1:9", "epoch": "e0"}
     client.set("pdmesh:member:decode:decode-ghost", json.dumps(ghost), px=1500)
+    client.sadd("pdmesh:members", "pdmesh:member:decode:decode-ghost")  # as a worker announces
     wait_for(lambda: "127.0.0.1:9" in listed(live_mesh))
     assert not listed(live_mesh)["127.0.0.1:9"].healthy  # nothing answers there
     gone_s = wait_for(lambda: "127.0.0.1:9" not in listed(live_mesh), timeout=1.5 + SEEN_WITHIN_S)

@@ -50,3 +50,22 @@ def test_the_kernel_cache_is_keyed_by_the_cpus_flags() -> None:
     here = cpu_flags()
     assert module_name(here) == module_name(here)
     assert module_name("avx2 fma sse4_2") != module_name("avx2 avx512f fma sse4_2")
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_young_one_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import time
+
+    from pdmesh.attention.cpu_kernels import wait_for_build_lock
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - 700
+    os.utime(lock, (old, old))
+    wait_for_build_lock(tmp_path, stale_s=600)  # stale: removed, no wait
+    assert not lock.exists()
+    lock.touch()  # a build holding it now: waited for until it would be stale
+    start = time.monotonic()
+    wait_for_build_lock(tmp_path, stale_s=0.3, poll_s=0.05)
+    assert 0.3 <= time.monotonic() - start < 2 and not lock.exists()
+    wait_for_build_lock(tmp_path / "nothing-here")  # no lock: returns at once

@@ -130,4 +130,7 @@ def test_a_worker_that_has_not_measured_is_priced_like_its_measured_peers() -> N
     policy = CacheAwarePolicy(us_per_token=100.0, kvstore_ratio=0.1, tolerance=0.3)
     measured, fresh = worker(0, us=600.0), worker(1)
     assert policy.choose([measured, fresh], ctx({"p0": 32})).worker is measured
-    assert policy.costs(fresh)[0] == pytest.approx(600e-6)
+    assert policy.costs(fresh, policy.assumed_cost([measured, fresh]))[0] == pytest.approx(600e-6)
+    assert policy.assumed_cost([fresh]) == pytest.approx(100e-6)  # nobody measured: the default
+    # The decision does not depend on the order the workers are listed in.
+    assert policy.choose([fresh, measured], ctx({"p0": 32})).worker is measured

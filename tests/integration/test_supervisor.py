@@ -66,7 +66,7 @@ import time
 from pdmesh.launcher import Mesh, MeshSpec
 m = Mesh(MeshSpec(model={str(llama_dir)!r}, prefill=0, decode=1, kvstore=0, log_dir={str(tmp_path / 'logs')!r},
                   worker_args=["--dtype", "float32", "--num-blocks", "64"])).start()
-open({str(pids)!r}, "w").write(" ".join(str(p.popen.pid) for p in [*m.decode, m.router]))
+open({str(pids)!r}, "w").write(" ".join(str(p.popen.pid) for p in [*m.decode, m.router, m.redis]))
 time.sleep(600)
 """
     launcher = subprocess.Popen([sys.executable, "-c", script])
@@ -74,8 +74,10 @@ time.sleep(600)
     while not pids.is_file() or not pids.read_text():
         assert launcher.poll() is None and time.monotonic() < deadline, "the mesh did not start"
         time.sleep(0.2)
-    services = [int(p) for p in pids.read_text().split()]
+    *services, redis = [int(p) for p in pids.read_text().split()]
     launcher.send_signal(signal.SIGKILL)
+    # Its private redis-server cannot watch for that (not a pdmesh process): ours to stop.
+    os.kill(redis, signal.SIGTERM)
     launcher.wait(timeout=10)
     deadline = time.monotonic() + 60
     alive = services

@@ -26,6 +26,7 @@ from pdmesh.kv.transfer.runner import TransferRunner
 from pdmesh.mesh_types import WorkerInfo
 from pdmesh.rpc.clients import fetch_info
 from pdmesh.rpc.process import advertised
+from pdmesh.rpc.single_flight import SingleFlight
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from services.worker.config import WorkerConfig
 from services.worker.metrics import worker_snapshot
@@ -69,6 +70,8 @@ class WorkerCore:
         self.aeng = AsyncLLMEngine(self.engine)
         self.transport = _transport(self.worker_id, KVRegion.of_tensor(self.engine.runner.kv_cache))
         self.transfers = TransferRunner(self.transport)
+        self._connects: SingleFlight[None] = SingleFlight()
+        """One NIXL connection attempt per peer at a time (``ensure_peer``)."""
         self.dtype_name = str(self.engine.dtype).split(".")[-1]
         layout = KVLayout.for_model(self.engine.model_config, cfg.block_size, self.dtype_name)
         self.compat = layout.compat_hash(cfg.model, cfg.hash_algorithm, cfg.hash_seed)
@@ -104,7 +107,15 @@ class WorkerCore:
 
     # -- KV transfer ------------------------------------------------------------------
     async def ensure_peer(self, worker_id: str, address: str, timeout: float, kvstore: bool = False) -> None:
-        """Connect NIXL to a decode worker or the kvstore the first time (or after a restart)."""
+        """Connect NIXL to a decode worker or the kvstore the first time (or after a restart).
+        Concurrent requests for one peer share one connection attempt: registering a peer
+        again would invalidate transfers to it already under way."""
+        if not self.transport.has_peer(worker_id):
+            # The margin lets the call's own deadline error (with its gRPC status) arrive first.
+            await self._connects.run(worker_id, lambda: self._connect(worker_id, address, timeout, kvstore),
+                                     timeout + 0.5)
+
+    async def _connect(self, worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
         if self.transport.has_peer(worker_id):
             return
         info = await fetch_info(address, timeout, kvstore)

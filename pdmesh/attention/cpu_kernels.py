@@ -22,6 +22,7 @@ from pdmesh.errors import PdmeshError
 
 log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("module.cpp", "paged_attention.cpp", "elementwise.cpp"))
+HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h",))
 
 
 class KernelsUnavailableError(PdmeshError):
@@ -31,7 +32,7 @@ class KernelsUnavailableError(PdmeshError):
 def module_name(flags: str) -> str:
     """The cached build's name for these CPU flags (and these sources, this torch)."""
     digest = hashlib.sha256()
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(flags.encode())

@@ -49,6 +49,9 @@ def run_service(role: str) -> Callable[[argparse.Namespace], int]:
         from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 
         if role in ("prefill", "decode"):
+            from pdmesh.allocator import keep_freed_memory
+
+            keep_freed_memory()  # before any thread gets an arena of its own
             args.role = role
         cfg = config_from_args(args, config_class(role), ENV_PREFIX[role])
         setup_logging()

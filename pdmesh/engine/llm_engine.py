@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from pdmesh.allocator import keep_freed_memory
 from pdmesh.attention.select import build_backend
 from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
@@ -45,6 +46,7 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self.allocator = keep_freed_memory() if config.device == "cpu" else None
         self.tokenizer = Tokenizer(config.model)
         self.max_model_len = ModelConfig.from_dir(config.model).context_limit(config.max_model_len)
         model, cfg, dtype = load_model(config.model, config.dtype, config.device, self.max_model_len)

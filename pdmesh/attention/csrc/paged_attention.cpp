@@ -4,8 +4,10 @@
 // its block table: no gathered or permuted copy of the context is ever made. The pool
 // layer is [num_blocks, 2 (K/V), block_size, kv_heads, head_dim] with any strides but a
 // contiguous head_dim. The query heads of one GQA group share every K/V row they load. Scores, softmax and the weighted sum of V are
-// computed in float32 whatever the storage dtype; the dot products use eight independent
-// partial sums, so the compiler vectorises them without reassociating anything. Work is
+// computed in float32 whatever the storage dtype. In float32 on AVX2 the scores take four
+// tokens at a time (four FMA chains, each query load shared) and the softmax's exp is
+// vectorised (vec_math.h); elsewhere the dot products use eight independent partial sums,
+// which the compiler vectorises without reassociating anything. Work is
 // split over sequences (each reads its blocks front to back, all heads of a token row at
 // once) or, when there are fewer sequences than threads can use, over (sequence, kv head).
 #include <torch/extension.h>
@@ -15,7 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#include "vec_math.h"
 
 namespace {
 
@@ -34,6 +39,72 @@ inline float dot(const float* q, const T* k, int64_t d) {
 template <typename T>
 inline void axpy(float a, const T* v, float* out, int64_t d) {
   for (int64_t i = 0; i < d; ++i) out[i] += a * static_cast<float>(v[i]);
+}
+
+// Softmax of one row of scores, in place.
+inline void softmax_row(float* s, int64_t n) {
+  int64_t t = 0;
+  float m = -std::numeric_limits<float>::infinity(), sum = 0.f;
+#ifdef PDMESH_AVX2
+  __m256 vm = _mm256_set1_ps(m);
+  for (; t + 8 <= n; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + t));
+  m = pdmesh::hmax8(vm);
+#endif
+  for (; t < n; ++t) m = std::max(m, s[t]);
+  t = 0;
+#ifdef PDMESH_AVX2
+  const __m256 shift = _mm256_set1_ps(m);
+  __m256 vsum = _mm256_setzero_ps();
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = pdmesh::exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift));
+    _mm256_storeu_ps(s + t, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  sum = pdmesh::hsum8(vsum);
+#endif
+  for (; t < n; ++t) {
+    s[t] = std::exp(s[t] - m);
+    sum += s[t];
+  }
+  const float inv = 1.f / sum;
+  for (t = 0; t < n; ++t) s[t] *= inv;
+}
+
+// scores[r][t] = scale * q_r . k_t for the query heads of one sequence's KV heads; rows[t]
+// points at token t's K row of the first KV head handled here.
+template <typename T>
+void scores_of(const float* qf, const std::vector<const T*>& rows, int64_t span, int64_t group,
+               int64_t dim, int64_t s_head, float scale, float* scores) {
+  const int64_t len = static_cast<int64_t>(rows.size());
+  int64_t t = 0;
+#ifdef PDMESH_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (dim % 8 == 0) {
+      // Four tokens at a time: their rows stay in L1 while every query head reads them.
+      for (; t + 4 <= len; t += 4) {
+        for (int64_t kh = 0; kh < span; ++kh) {
+          const float* k[4] = {rows[t] + kh * s_head, rows[t + 1] + kh * s_head,
+                               rows[t + 2] + kh * s_head, rows[t + 3] + kh * s_head};
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t r = kh * group + g;
+            float o[4];
+            pdmesh::dot4(qf + r * dim, k, dim, o);
+            for (int j = 0; j < 4; ++j) scores[r * len + t + j] = o[j] * scale;
+          }
+        }
+      }
+    }
+  }
+#endif
+  for (; t < len; ++t) {
+    for (int64_t kh = 0; kh < span; ++kh) {
+      const T* k = rows[t] + kh * s_head;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = kh * group + g;
+        scores[r * len + t] = dot(qf + r * dim, k, dim) * scale;
+      }
+    }
+  }
 }
 
 template <typename T>
@@ -57,57 +128,33 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
 
   at::parallel_for(0, batch * per_seq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(span * group * dim), acc(span * group * dim), scores;
+    std::vector<const T*> rows;
     for (int64_t work = begin; work < end; ++work) {
       const int64_t b = work / per_seq, h0 = (work % per_seq) * span, len = lp[b];
-      const int64_t rows = span * group;  // query heads handled here, kv head major
-      scores.resize(rows * len);
-      for (int64_t r = 0; r < rows; ++r) {
+      const int64_t nq = span * group;  // query heads handled here, kv head major
+      scores.resize(nq * len);
+      rows.resize(len);
+      for (int64_t t = 0; t < len; ++t) {
+        rows[t] = kvp + tp[b * width + t / block_size] * s_block + (t % block_size) * s_tok + h0 * s_head;
+      }
+      for (int64_t r = 0; r < nq; ++r) {
         const T* src = qp + (b * heads + h0 * group + r) * dim;
         for (int64_t i = 0; i < dim; ++i) qf[r * dim + i] = static_cast<float>(src[i]);
       }
-      // Scores for every context token, block by block, every head of the token's row.
-      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const T* base = kvp + tp[b * width + t0 / block_size] * s_block + h0 * s_head;
-        const int64_t n = std::min(block_size, len - t0);
-        for (int64_t o = 0; o < n; ++o) {
-          for (int64_t kh = 0; kh < span; ++kh) {
-            const T* k = base + o * s_tok + kh * s_head;
-            for (int64_t g = 0; g < group; ++g) {
-              const int64_t r = kh * group + g;
-              scores[r * len + t0 + o] = dot(&qf[r * dim], k, dim) * fscale;
-            }
-          }
-        }
-      }
-      // Softmax per query head.
-      for (int64_t r = 0; r < rows; ++r) {
-        float* s = &scores[r * len];
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < len; ++t) m = std::max(m, s[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-          s[t] = std::exp(s[t] - m);
-          sum += s[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-      }
-      // Weighted sum of V.
+      scores_of(qf.data(), rows, span, group, dim, s_head, fscale, scores.data());
+      for (int64_t r = 0; r < nq; ++r) softmax_row(&scores[r * len], len);
+      // Weighted sum of V, token rows front to back.
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t0 = 0; t0 < len; t0 += block_size) {
-        const T* base = kvp + tp[b * width + t0 / block_size] * s_block + s_kv + h0 * s_head;
-        const int64_t n = std::min(block_size, len - t0);
-        for (int64_t o = 0; o < n; ++o) {
-          for (int64_t kh = 0; kh < span; ++kh) {
-            const T* v = base + o * s_tok + kh * s_head;
-            for (int64_t g = 0; g < group; ++g) {
-              const int64_t r = kh * group + g;
-              axpy(scores[r * len + t0 + o], v, &acc[r * dim], dim);
-            }
+      for (int64_t t = 0; t < len; ++t) {
+        for (int64_t kh = 0; kh < span; ++kh) {
+          const T* v = rows[t] + s_kv + kh * s_head;
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t r = kh * group + g;
+            axpy(scores[r * len + t], v, &acc[r * dim], dim);
           }
         }
       }
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < nq; ++r) {
         T* dst = op + (b * heads + h0 * group + r) * dim;
         for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<T>(acc[r * dim + i]);
       }

@@ -92,10 +92,10 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def use_kernels(self, kernels: ModuleType | None) -> None:
-        """Run norms and rotary embedding with pdmesh's fused CPU kernels (the module
+        """Run norms, rotary embedding and SiLU x up with pdmesh's fused CPU kernels (the module
         ``pdmesh.attention.cpu_kernels.load`` returns), or with torch ops (None)."""
         for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention)):
+            if isinstance(m, (RMSNorm, Attention, GatedMLP)):
                 m.kernels = kernels
 
     @torch.inference_mode()

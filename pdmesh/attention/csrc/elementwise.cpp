@@ -12,6 +12,8 @@
 
 #include <cmath>
 
+#include "vec_math.h"
+
 namespace {
 
 // Rows per parallel task: enough work that a thread's wake-up is amortised.
@@ -78,5 +80,29 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
         }
       }
     }
+  });
+}
+
+// gate = silu(gate) * up, in place, for float32 tensors of the same shape and strides with
+// no gaps (the row-major products of long prefill chunks and the transposed ones of
+// decode alike): one pass instead of two, and no temporary. silu(x) = x / (1 + e^-x), as
+// torch computes it; e^-x is vectorised on AVX2 (vec_math.h), within 2 ulp of expf.
+void silu_mul_(at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.scalar_type() == at::kFloat && up.scalar_type() == at::kFloat, "silu_mul_: float32 only");
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.strides() == up.strides() && gate.is_non_overlapping_and_dense(),
+              "silu_mul_: gate and up must share shape and dense strides");
+  float* g = gate.data_ptr<float>();
+  const float* u = up.data_ptr<float>();
+  at::parallel_for(0, gate.numel(), 4096, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+#ifdef PDMESH_AVX2
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (; i + 8 <= end; i += 8) {
+      const __m256 x = _mm256_loadu_ps(g + i);
+      const __m256 e = pdmesh::exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+      _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < end; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   });
 }

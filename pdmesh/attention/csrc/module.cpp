@@ -6,9 +6,11 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const a
                         const at::Tensor& seq_lens, double scale);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+void silu_mul_(at::Tensor& gate, const at::Tensor& up);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV pool (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows in one pass (CPU)");
   m.def("rope_", &rope_, "rotary embedding in place, rotate-half form (CPU, float32)");
+  m.def("silu_mul_", &silu_mul_, "gate = silu(gate) * up in place (CPU, float32)");
 }

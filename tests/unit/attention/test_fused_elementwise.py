@@ -1,4 +1,4 @@
-"""The fused CPU norm and rotary kernels against the torch formulas they replace, on the
+"""The fused CPU norm, rotary and SiLU x up kernels against the torch formulas they replace, on the
 layouts the model hands them (row-major prefill rows, transposed decode views), and the
 model wiring that turns them on with the CPU attention backend only."""
 
@@ -11,7 +11,7 @@ import torch
 
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.engine.llm import LLM
-from pdmesh.model.layers import RMSNorm, apply_rope, apply_rope_, linear
+from pdmesh.model.layers import GatedMLP, RMSNorm, apply_rope, apply_rope_, linear
 from pdmesh.model.llama import Attention
 
 KERNELS = load()
@@ -58,8 +58,44 @@ def test_rope_in_place_matches_the_reference_on_the_models_layouts(tokens: int) 
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
-def test_the_cpu_backend_turns_the_kernels_on_in_every_norm_and_attention(llama_dir: Path, backend: str) -> None:
+def test_the_cpu_backend_turns_the_kernels_on_in_every_norm_attention_and_mlp(llama_dir: Path, backend: str) -> None:
     model = LLM(str(llama_dir), dtype="float32", num_blocks=16, attention_backend=backend).engine.runner.model
-    layers = [m for m in model.modules() if isinstance(m, (RMSNorm, Attention))]
-    assert len(layers) == 3 * model.cfg.num_layers + 1  # two norms and attention per layer, final norm
+    layers = [m for m in model.modules() if isinstance(m, (RMSNorm, Attention, GatedMLP))]
+    assert len(layers) == 4 * model.cfg.num_layers + 1  # two norms, attention, MLP per layer; final norm
     assert all(m.kernels is (KERNELS if backend == "cpu" else None) for m in layers)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_silu_times_up_matches_the_reference_in_place(rows: int) -> None:
+    # Transposed products for few rows, row-major for many; lengths that leave a scalar tail.
+    torch.manual_seed(rows)
+    x, wg, wu = torch.randn(rows, 64), torch.randn(203, 64) * 0.3, torch.randn(203, 64) * 0.3
+    gate, up = linear(x, wg), linear(x, wu)
+    reference = torch.nn.functional.silu(gate) * up
+    ptr = gate.data_ptr()
+    KERNELS.silu_mul_(gate, up)
+    assert gate.data_ptr() == ptr
+    torch.testing.assert_close(gate, reference, rtol=2e-6, atol=1e-6)
+    # Large |x|: e^-x saturates without inf or NaN, as torch's silu does.
+    big = torch.tensor([[-200.0, -90.0, -20.0, 0.0, 20.0, 90.0, 200.0, 1e-30]])
+    ones = torch.ones_like(big)
+    expected = torch.nn.functional.silu(big)
+    KERNELS.silu_mul_(big, ones)
+    torch.testing.assert_close(big, expected, rtol=2e-6, atol=1e-30)
+
+
+def test_silu_times_up_refuses_mismatched_layouts() -> None:
+    gate, up = torch.randn(4, 8), torch.randn(8, 4).t()
+    with pytest.raises(RuntimeError, match="share shape and dense strides"):
+        KERNELS.silu_mul_(gate, up)
+
+
+def test_the_mlp_gives_the_same_result_with_and_without_kernels() -> None:
+    torch.manual_seed(0)
+    mlp = GatedMLP(64, 160, bias=False)
+    for rows in (3, 300):
+        x = torch.randn(rows, 64)
+        mlp.kernels = None
+        reference = mlp(x)
+        mlp.kernels = KERNELS
+        torch.testing.assert_close(mlp(x), reference, rtol=1e-5, atol=1e-6)

@@ -41,6 +41,14 @@ inline void axpy(float a, const T* v, float* out, int64_t d) {
   for (int64_t i = 0; i < d; ++i) out[i] += a * static_cast<float>(v[i]);
 }
 
+// Asks for the cache lines of one token's row of ``n`` elements ahead of use: a block's
+// rows cross 4 KiB pages, where the hardware prefetcher stops, and blocks are scattered.
+template <typename T>
+inline void prefetch_row(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
+}
+
 // Softmax of one row of scores, in place.
 inline void softmax_row(float* s, int64_t n) {
   int64_t t = 0;
@@ -82,6 +90,9 @@ void scores_of(const float* qf, const std::vector<const T*>& rows, int64_t span,
     if (dim % 8 == 0) {
       // Four tokens at a time: their rows stay in L1 while every query head reads them.
       for (; t + 4 <= len; t += 4) {
+        if (t + 12 <= len) {
+          for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], span * s_head);
+        }
         for (int64_t kh = 0; kh < span; ++kh) {
           const float* k[4] = {rows[t] + kh * s_head, rows[t + 1] + kh * s_head,
                                rows[t + 2] + kh * s_head, rows[t + 3] + kh * s_head};
@@ -146,6 +157,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
       // Weighted sum of V, token rows front to back.
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < len; ++t) {
+        if (t + 4 < len) prefetch_row(rows[t + 4] + s_kv, span * s_head);
         for (int64_t kh = 0; kh < span; ++kh) {
           const T* v = rows[t] + s_kv + kh * s_head;
           for (int64_t g = 0; g < group; ++g) {

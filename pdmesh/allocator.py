@@ -3,15 +3,15 @@
 Why: a prefill step allocates activations of tens of MiB (a 2,048-token chunk's MLP
 output is 16 MiB in float32) and frees them before the next layer. glibc's malloc serves
 such sizes with fresh ``mmap`` pages or trims them off the heap top once freed, and a
-thread's own arena (the engine steps in a thread) is a set of 64 MiB heaps it unmaps as
-soon as one is empty, so every step page-faults ~1 GiB of activations back in: 261,000 minor faults for 32 requests of
-256 + 64 tokens on the default model, at ~1.5-1.9 us each on our VMs (docs/performance.md,
-section 10). vLLM-CPU preloads tcmalloc for the same reason. Raising glibc's mmap threshold
-to its maximum, its trim threshold out of reach, and keeping every thread on the main
-arena keeps those pages mapped and reused: 0 faults once the heap has grown to the
-largest step. Call it before the process starts threads: one that already has its own
-arena keeps it. Where another allocator is preloaded (tcmalloc, jemalloc)
-it already keeps its pages, and nothing is changed.
+thread's own arena (the served engine steps in a thread) is a set of 64 MiB heaps it
+unmaps as soon as one is empty: every step page-faults its activations back in, 200,000-
+280,000 minor faults for 32 requests of 256 + 64 tokens on the default model, ~1.5-1.9 us
+each on our VMs (docs/performance.md, section 10). vLLM-CPU preloads tcmalloc for the same
+reason. Raising glibc's mmap threshold to its maximum, its trim threshold out of reach,
+and keeping every thread on the main arena keeps those pages mapped and reused: no faults
+once the heap has grown to the largest step. Call it before the process starts threads
+(one that already has an arena of its own keeps it). Where another allocator is preloaded
+(tcmalloc, jemalloc) it keeps its pages already, and nothing is changed.
 
 Torch-free; Linux with glibc only (``mallopt``). Elsewhere ``keep_freed_memory`` reports
 that it did nothing and why, which the worker logs at start-up.
@@ -43,7 +43,7 @@ OPT_OUT_ENV = "PDMESH_KEEP_FREED_MEMORY"
 @dataclass(frozen=True)
 class AllocatorSetup:
     allocator: str
-    """"glibc", or the preloaded allocator's library name, or "unknown"."""
+    """"glibc", the preloaded allocator's library name, "default" (opted out) or "unknown"."""
     tuned: bool
     """Whether this call changed glibc's thresholds."""
     detail: str
@@ -60,9 +60,9 @@ def _preloaded() -> str:
 
 @functools.cache
 def keep_freed_memory() -> AllocatorSetup:
-    """Set glibc's mmap and trim thresholds once per process (idempotent)."""
+    """Set glibc's mmap and trim thresholds and its arena count, once per process."""
     if os.environ.get(OPT_OUT_ENV, "1") == "0":
-        return AllocatorSetup("glibc", False, f"allocator: defaults kept ({OPT_OUT_ENV}=0)")
+        return AllocatorSetup("default", False, f"allocator: defaults kept ({OPT_OUT_ENV}=0)")
     preloaded = _preloaded()
     if preloaded:
         return AllocatorSetup(preloaded, False, f"allocator {preloaded} (preloaded): left as it is")

@@ -3,12 +3,13 @@
 // One query token per sequence attends to its whole context, read block by block through
 // its block table: no gathered or permuted copy of the context is ever made. The pool
 // layer is [num_blocks, 2 (K/V), block_size, kv_heads, head_dim] with any strides but a
-// contiguous head_dim. The query heads of one GQA group share every K/V row they load. Scores, softmax and the weighted sum of V are
-// computed in float32 whatever the storage dtype. In float32 on AVX2 the scores take four
-// tokens at a time (four FMA chains, each query load shared) and the softmax's exp is
-// vectorised (vec_math.h); elsewhere the dot products use eight independent partial sums,
-// which the compiler vectorises without reassociating anything. Work is
-// split over sequences (each reads its blocks front to back, all heads of a token row at
+// contiguous head_dim. The query heads of one GQA group share every K/V row they load.
+// Scores, softmax and the weighted sum of V are computed in float32 whatever the storage
+// dtype. In float32 on AVX2 the scores take four tokens at a time (four FMA chains, each
+// query load shared) and the softmax's exp is vectorised (vec_math.h); elsewhere the dot
+// products use eight independent partial sums, which the compiler vectorises without
+// reassociating anything. The kernel is bound by memory: K rows are prefetched eight
+// tokens ahead and V rows four (docs/performance.md, section 10). Work is split over sequences (each reads its blocks front to back, all heads of a token row at
 // once) or, when there are fewer sequences than threads can use, over (sequence, kv head).
 #include <torch/extension.h>
 

@@ -37,6 +37,8 @@ class PrefillRouter:
         self.index_fallbacks = 0
         """Lookups that found Redis unreachable (consistent hashing used)."""
         self.index_timeouts = 0
+        self.last_lookup_s = 0.0
+        """Wall seconds the latest index lookup took (the Redis trip and its script)."""
         """Lookups that timed out (Redis slow, not down)."""
 
     async def choose(self, hashes: list[BlockHash], key: bytes, num_tokens: int,
@@ -55,6 +57,7 @@ class PrefillRouter:
         """Leading cached blocks per live prefill worker, and in the kvstore tier."""
         if self.index is None:
             return None, 0
+        began = time.perf_counter()
         try:
             found = await self.index.longest_prefix(hashes)
             self.index_failing_since = None
@@ -70,6 +73,8 @@ class PrefillRouter:
             if self.index_failing_since is None:
                 self.index_failing_since = self.clock()
             return None, 0
+        finally:
+            self.last_lookup_s = time.perf_counter() - began
         epochs = {w.worker_id: w.info.epoch for w in candidates if w.info is not None}
         matched = {wid: n for (wid, epoch), n in found.items() if epochs.get(wid) == epoch}
         for wid, n in self.recent.depths(hashes).items():

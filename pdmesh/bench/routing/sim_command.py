@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdmesh.bench.routing import report
 from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
+from pdmesh.bench.stats import pct
 from services.router.config import RouterConfig
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def run_route_sim(args: argparse.Namespace) -> None:
         redis.stop_redis()
     print()
     print(report.table(rows))
-    extra_cols = ["redis_ops_per_s", "redis_memory_mb", "indexed_blocks", "reasons"]
+    extra_cols = ["lookup_p50_ms", "lookup_p99_ms", "redis_ops_per_s", "redis_memory_mb", "indexed_blocks", "reasons"]
     for r in rows:
         print(f"{r['policy']:<13} {r['workers']:>5} workers load {r['load']:.1f}: " +
               ", ".join(f"{k} {r[k]}" for k in extra_cols))
@@ -99,12 +100,14 @@ def run_route_sim(args: argparse.Namespace) -> None:
 def _row(r: SimResult, spec: SimSpec) -> dict[str, Any]:
     prompt = sum(len(s.job.tokens) for s in r.served)
     per_worker = [0] * r.workers
+    lookups = [s.lookup_s for s in r.served]
     for s in r.served:
         per_worker[s.worker] += len(s.job.tokens) - s.cached - s.fetched
     return report.summarize(
         r.policy, r.workers, r.load, [s.done - s.arrival for s in r.served], prompt,
         sum(s.cached for s in r.served), sum(s.fetched for s in r.served), r.oracle_computed,
         per_worker, r.duration_s, spec.slo_s, [s.decision_s for s in r.served],
+        lookup_p50_ms=round(1000 * pct(lookups, 0.5), 2), lookup_p99_ms=round(1000 * pct(lookups, 0.99), 2),
         redis_ops_per_s=round(r.redis_ops_per_s), redis_memory_mb=round(r.redis_memory_mb, 1),
         indexed_blocks=r.indexed_blocks, reasons=dict(r.decisions), wall_s=round(r.wall_s, 1),
         pool_blocks=r.pool_blocks)

@@ -19,6 +19,8 @@ class Served:
     worker: int
     reason: str
     decision_s: float
+    lookup_s: float
+    """Of ``decision_s``, the index lookup (a Redis round trip)."""
     hashes: list[bytes] = field(default_factory=list, repr=False)
     work: int = 0
     """Tokens the router expected to compute (its queued-token accounting)."""

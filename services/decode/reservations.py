@@ -70,7 +70,8 @@ class Reservations:
                 if not r.claimed and r.lease_expiry_ms <= now]
 
     def awaiting_kv(self) -> bool:
-        return any(not r.arrived.is_set() for r in self._by_request.values())
+        """Read from the transfer poller's thread: a copy, never the live dict."""
+        return any(not r.arrived.is_set() for r in list(self._by_request.values()))
 
     def notified(self, transfer_ids: list[bytes]) -> None:
         """NIXL notifications arrived; ids of released reservations are ignored."""

@@ -93,13 +93,17 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     self.core.counters.expired_leases += 1
                     log.warning("reservation %s expired before its KV arrived; blocks freed", rid)
 
-    async def watch_notifications(self, interval: float = 0.0005, idle: float = 0.005) -> None:
-        """Collect NIXL notifications (transfer ids); fast while transfers are outstanding.
-        Polling also drives UCX progress for writes into this worker's pool, so it never
-        stops: a write whose reservation has lapsed must still complete, not hang."""
-        while True:
-            self.reservations.notified(self.core.transport.take_notifs())
-            await asyncio.sleep(interval if self.reservations.awaiting_kv() else idle)
+    async def watch_notifications(self) -> None:
+        """Collect NIXL notifications (transfer ids) on the transfer poller's thread, fast
+        while transfers are outstanding, so a busy event loop does not delay the KV's
+        arrival. Polling also drives UCX progress for writes into this worker's pool, so it
+        never stops: a write whose reservation has lapsed must still complete, not hang."""
+        poller = self.core.transfers.poller
+        poller.deliver_notifs(self.reservations.notified, self.reservations.awaiting_kv)
+        try:
+            await asyncio.Future()  # runs until the worker stops
+        finally:
+            poller.close()
 
     # -- generation -------------------------------------------------------------------
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802

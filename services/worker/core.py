@@ -8,7 +8,6 @@ and runs KV transfers against a deadline, counting what moved.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,8 +130,7 @@ class WorkerCore:
     async def write_kv(self, peer: str, src: list[int], dst: list[int], notif: bytes,
                        timeout: float) -> int:
         """Write local blocks into a decode worker's; returns bytes moved (counted)."""
-        started = time.perf_counter()
         moved = await self.transfers.write(peer, src, dst, notif, timeout)
-        self.counters.kv_bytes_sent += moved
-        self.counters.kv_transfer_seconds += time.perf_counter() - started
-        return moved
+        self.counters.kv_bytes_sent += moved.bytes
+        self.counters.kv_transfer_seconds += moved.seconds
+        return moved.bytes

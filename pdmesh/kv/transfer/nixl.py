@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import numpy as np
 
@@ -28,7 +29,12 @@ def _rows(base: int, block_bytes: int, num_blocks: int, device_id: int) -> np.nd
 
 
 class NixlTransport:
-    """Torch-free: it sees the pool as a ``KVRegion`` (address, blocks, bytes per block)."""
+    """Torch-free: it sees the pool as a ``KVRegion`` (address, blocks, bytes per block).
+
+    Thread-safe: the event loop starts transfers while the ``TransferPoller`` thread polls
+    them, and the agent is created without NIXL's own thread synchronisation (whose
+    strict mode would lock inside every UCX call), so one lock serialises every call.
+    """
 
     def __init__(self, name: str, region: KVRegion, backends: tuple[str, ...] = ("UCX",)) -> None:
         os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
@@ -55,13 +61,15 @@ class NixlTransport:
             self.mem_type,
         )
         self._peers: dict[str, object] = {}
+        self._lock = threading.RLock()
 
     @property
     def base_addr(self) -> int:
         return self.region.base_addr
 
     def metadata(self) -> bytes:
-        return self.agent.get_agent_metadata()
+        with self._lock:
+            return self.agent.get_agent_metadata()
 
     def has_peer(self, name: str) -> bool:
         return name in self._peers
@@ -71,19 +79,21 @@ class NixlTransport:
             raise ValueError(
                 f"peer {peer.name} has {peer.block_bytes}-byte blocks, this worker {self.block_bytes}"
             )
-        if peer.name in self._peers:
-            self.remove_peer(peer.name)
-        agent_name = self.agent.add_remote_agent(peer.metadata)
-        name = agent_name.decode() if isinstance(agent_name, bytes) else agent_name
         rows = _rows(peer.base_addr, peer.block_bytes, peer.num_blocks, peer.device_id)
-        self._peers[peer.name] = (name, self.agent.prep_xfer_dlist(name, rows, peer.mem_type))
+        with self._lock:
+            if peer.name in self._peers:
+                self.remove_peer(peer.name)
+            agent_name = self.agent.add_remote_agent(peer.metadata)
+            name = agent_name.decode() if isinstance(agent_name, bytes) else agent_name
+            self._peers[peer.name] = (name, self.agent.prep_xfer_dlist(name, rows, peer.mem_type))
 
     def remove_peer(self, name: str) -> None:
-        entry = self._peers.pop(name, None)
-        if entry is not None:
-            agent_name, dlist = entry  # type: ignore[misc]
-            self.agent.release_dlist_handle(dlist)
-            self.agent.remove_remote_agent(agent_name)
+        with self._lock:
+            entry = self._peers.pop(name, None)
+            if entry is not None:
+                agent_name, dlist = entry  # type: ignore[misc]
+                self.agent.release_dlist_handle(dlist)
+                self.agent.remove_remote_agent(agent_name)
 
     def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
         """Local blocks -> the peer's blocks."""
@@ -96,21 +106,24 @@ class NixlTransport:
     def _start(self, op: str, peer: str, local: list[int], remote_ids: list[int], notif: bytes) -> object:
         if len(local) != len(remote_ids):
             raise ValueError(f"{len(local)} local blocks for {len(remote_ids)} remote blocks")
-        _, remote = self._peers[peer]  # type: ignore[misc]
-        handle = self.agent.make_prepped_xfer(op, self._local, local, remote, remote_ids, notif)
-        state = self.agent.transfer(handle)
-        if state == "ERR":
-            self.agent.release_xfer_handle(handle)
-            raise RuntimeError(f"NIXL refused the {op} with {peer}")
+        with self._lock:
+            _, remote = self._peers[peer]  # type: ignore[misc]
+            handle = self.agent.make_prepped_xfer(op, self._local, local, remote, remote_ids, notif)
+            state = self.agent.transfer(handle)
+            if state == "ERR":
+                self.agent.release_xfer_handle(handle)
+                raise RuntimeError(f"NIXL refused the {op} with {peer}")
         return handle
 
     def notify(self, peer: str, message: bytes) -> None:
         """A notification with no data (when every block already went in earlier writes)."""
-        agent_name, _ = self._peers[peer]  # type: ignore[misc]
-        self.agent.send_notif(agent_name, message)
+        with self._lock:
+            agent_name, _ = self._peers[peer]  # type: ignore[misc]
+            self.agent.send_notif(agent_name, message)
 
     def poll(self, handle: object) -> TransferState:
-        state = self.agent.check_xfer_state(handle)
+        with self._lock:
+            state = self.agent.check_xfer_state(handle)
         if state == "DONE":
             return TransferState.DONE
         if state == "ERR":
@@ -119,18 +132,22 @@ class NixlTransport:
 
     def release(self, handle: object) -> None:
         try:
-            self.agent.release_xfer_handle(handle)
+            with self._lock:
+                self.agent.release_xfer_handle(handle)
         except Exception as exc:  # releasing a handle of a dead peer may itself fail
             log.warning("releasing a NIXL transfer handle failed: %s", exc)
 
     def take_notifs(self) -> list[bytes]:
         out: list[bytes] = []
-        for msgs in self.agent.get_new_notifs().values():
+        with self._lock:
+            notifs = self.agent.get_new_notifs()
+        for msgs in notifs.values():
             out.extend(msgs)
         return out
 
     def close(self) -> None:
-        for name in list(self._peers):
-            self.remove_peer(name)
-        self.agent.release_dlist_handle(self._local)
-        self.agent.deregister_memory(self._reg)
+        with self._lock:
+            for name in list(self._peers):
+                self.remove_peer(name)
+            self.agent.release_dlist_handle(self._local)
+            self.agent.deregister_memory(self._reg)

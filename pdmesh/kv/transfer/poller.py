@@ -1,0 +1,148 @@
+"""Drive NIXL transfers and notifications from a thread of their own, not the event loop.
+
+On CPU, UCX moves a transfer's bytes and delivers notifications only when its owner polls
+(the NIXL progress thread is off: it spins a whole core). Polled from the event loop, a
+worker under load checked a transfer only when its loop came round, between gRPC
+messages of every other request: in ``pdmesh bench mesh`` a prefill worker's 4 MiB
+writes took 17 ms each under load against 2.4 ms for raw NIXL (0.13x). This thread polls
+every in-flight handle (and, on a decode worker, the notifications) every
+``busy_interval_s`` while there is anything to wait for and sleeps otherwise; results go
+back to the loop with ``call_soon_threadsafe``. Sleeping releases the GIL, so the poll
+costs the engine thread only the few microseconds each pass takes.
+
+Every call into the transport is serialised by the transport's own lock (NIXL agents are
+created without thread synchronisation); the poller's ``_mutex`` only guards its tables,
+so ``forget`` never returns while a pass is polling the handle it forgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdmesh.kv.transfer.base import KVTransport, TransferState
+
+log = logging.getLogger(__name__)
+BUSY_INTERVAL_S = 0.0001
+"""Between passes while a transfer or an awaited notification is outstanding."""
+IDLE_INTERVAL_S = 0.005
+"""Between notification polls with nothing awaited: writes into this worker's pool whose
+reservation lapsed must still complete, so polling never stops while a sink is set."""
+
+
+@dataclass(slots=True)
+class _Watch:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[tuple[TransferState, float]]
+    what: str
+
+
+@dataclass(slots=True)
+class _NotifSink:
+    loop: asyncio.AbstractEventLoop
+    deliver: Callable[[list[bytes]], None]
+    """Called on ``loop`` with the notifications of one poll."""
+    awaiting: Callable[[], bool]
+    """Read from the poller thread: whether to poll at the busy rate."""
+
+
+class TransferPoller:
+    def __init__(self, transport: KVTransport, busy_interval_s: float = BUSY_INTERVAL_S,
+                 idle_interval_s: float = IDLE_INTERVAL_S) -> None:
+        self.transport = transport
+        self.busy_interval_s = busy_interval_s
+        self.idle_interval_s = idle_interval_s
+        self._watches: dict[int, tuple[object, _Watch]] = {}
+        self._sink: _NotifSink | None = None
+        self._mutex = threading.Lock()
+        self._wake = threading.Condition(self._mutex)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, handle: object, what: str) -> asyncio.Future[tuple[TransferState, float]]:
+        """A future for the running loop: ``(DONE or FAILED, perf_counter when seen)``."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[TransferState, float]] = loop.create_future()
+        with self._wake:
+            self._ensure_thread()
+            self._watches[id(handle)] = (handle, _Watch(loop, future, what))
+            self._wake.notify()
+        return future
+
+    def forget(self, handle: object) -> None:
+        """Stop polling ``handle`` (before releasing it); waits out a pass in progress."""
+        with self._mutex:
+            self._watches.pop(id(handle), None)
+
+    def deliver_notifs(self, deliver: Callable[[list[bytes]], None], awaiting: Callable[[], bool]) -> None:
+        """Poll notifications from now on and hand each batch to ``deliver`` on this loop."""
+        with self._wake:
+            self._ensure_thread()
+            self._sink = _NotifSink(asyncio.get_running_loop(), deliver, awaiting)
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -- the thread -------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="nixl-poller", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._watches and self._sink is None and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                busy = self._poll_transfers()
+                sink = self._sink
+            if sink is not None:
+                busy = self._poll_notifs(sink) or busy
+            time.sleep(self.busy_interval_s if busy else self.idle_interval_s)
+
+    def _poll_transfers(self) -> bool:
+        """One pass over the watched handles (called holding ``_mutex``); returns whether
+        any is still in flight."""
+        for key, (handle, w) in list(self._watches.items()):
+            try:
+                state = self.transport.poll(handle)
+            except Exception as exc:
+                log.warning("KV %s failed while polling: %s", w.what, exc)
+                state = TransferState.FAILED
+            if state is not TransferState.PENDING:
+                del self._watches[key]
+                _post(w.loop, _settle, w.future, (state, time.perf_counter()))
+        return bool(self._watches)
+
+    def _poll_notifs(self, sink: _NotifSink) -> bool:
+        try:
+            notifs = self.transport.take_notifs()
+        except Exception as exc:  # a transport error must not end the thread
+            log.warning("polling NIXL notifications failed: %s", exc)
+            return False
+        if notifs:
+            _post(sink.loop, sink.deliver, notifs)
+        return sink.awaiting()
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed (the process is shutting down): nobody waits
+        pass
+
+
+def _settle(future: asyncio.Future[tuple[TransferState, float]], result: tuple[TransferState, float]) -> None:
+    if not future.done():  # the waiter may have timed out and gone
+        future.set_result(result)

@@ -1,0 +1,136 @@
+"""KV transfers are driven by the poller's thread, not by the event loop (real NIXL, two
+agents in this process over UCX)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from pdmesh.errors import TransferFailedError
+from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
+from pdmesh.kv.transfer.faults import DelayedWrites
+from pdmesh.kv.transfer.nixl import NixlTransport
+from pdmesh.kv.transfer.runner import TransferRunner
+
+BLOCKS, BLOCK_FLOATS = 16, 64 * 1024  # 256 KiB blocks, 4 MiB in all
+
+
+@pytest.fixture(scope="module")
+def pair():  # type: ignore[no-untyped-def]
+    src_pool = torch.randn(BLOCKS, BLOCK_FLOATS)
+    dst_pool = torch.zeros(BLOCKS, BLOCK_FLOATS)
+    src = NixlTransport("poller-src", KVRegion.of_tensor(src_pool))
+    dst = NixlTransport("poller-dst", KVRegion.of_tensor(dst_pool))
+    src.add_peer(PeerLayout("poller-dst", dst.metadata(), dst.base_addr, dst.block_bytes, BLOCKS))
+    yield src, dst, src_pool, dst_pool
+    src.close()
+    dst.close()
+
+
+def test_a_write_lands_and_its_notification_reaches_the_loop(pair) -> None:  # type: ignore[no-untyped-def]
+    src, dst, src_pool, dst_pool = pair
+    dst_pool.zero_()
+
+    async def go() -> tuple[int, list[bytes]]:
+        got: list[bytes] = []
+        arrived = asyncio.Event()
+        receiver = TransferRunner(dst)
+
+        def deliver(notifs: list[bytes]) -> None:
+            got.extend(notifs)
+            arrived.set()
+
+        receiver.poller.deliver_notifs(deliver, lambda: not arrived.is_set())
+        runner = TransferRunner(src)
+        try:
+            moved = await runner.write("poller-dst", [0, 1, 2], [5, 6, 7], b"t-1", timeout=10)
+            await asyncio.wait_for(arrived.wait(), 10)
+        finally:
+            runner.poller.close()
+            receiver.poller.close()
+        return moved.bytes, got
+
+    moved, notifs = asyncio.run(go())
+    assert moved == 3 * src.block_bytes
+    assert notifs == [b"t-1"]
+    assert torch.equal(dst_pool[5:8], src_pool[0:3])
+    assert not dst_pool[:5].any()
+
+
+def test_a_transfer_completes_while_the_event_loop_is_blocked(pair) -> None:  # type: ignore[no-untyped-def]
+    """The loop is stuck for 0.5 s right after starting the write (as a loop busy with
+    other requests' messages is): the poller still sees it done long before. (UCX moves
+    large writes only while the target polls too, as a decode worker always does.)"""
+    src, dst, _, _ = pair
+
+    async def go() -> float:
+        runner, receiver = TransferRunner(src), TransferRunner(dst)
+        receiver.poller.deliver_notifs(lambda notifs: None, lambda: True)
+        try:
+            task = asyncio.create_task(runner.write("poller-dst", list(range(BLOCKS)), list(range(BLOCKS)),
+                                                    b"", timeout=10))
+            await asyncio.sleep(0)  # the write starts
+            time.sleep(0.5)  # the loop is busy
+            return (await task).seconds
+        finally:
+            runner.poller.close()
+            receiver.poller.close()
+
+    assert asyncio.run(go()) < 0.25
+
+
+def test_a_write_that_never_finishes_fails_at_its_deadline_and_is_released(pair) -> None:  # type: ignore[no-untyped-def]
+    src, _, _, _ = pair
+    stuck = DelayedWrites(src, delay_s=60)
+    released: list[object] = []
+    stuck.release = released.append  # type: ignore[method-assign]
+
+    async def go() -> None:
+        runner = TransferRunner(stuck)
+        try:
+            await runner.write("poller-dst", [0], [0], b"", timeout=0.2)
+        finally:
+            assert not runner.poller._watches  # forgotten before release
+            runner.poller.close()
+
+    started = time.monotonic()
+    with pytest.raises(TransferFailedError, match="did not finish within 0.2s"):
+        asyncio.run(go())
+    assert time.monotonic() - started < 5
+    assert len(released) == 1
+
+
+class _FailingPoll:
+    """The real transport, except that polling raises (a peer that died mid-transfer)."""
+
+    def __init__(self, inner: NixlTransport) -> None:
+        self.inner = inner
+        self.removed: list[str] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    def poll(self, handle: object) -> TransferState:
+        raise RuntimeError("NIXL_ERR_REMOTE_DISCONNECT")
+
+    def remove_peer(self, name: str) -> None:
+        self.removed.append(name)
+
+
+def test_a_transfer_whose_poll_fails_drops_the_peer(pair) -> None:  # type: ignore[no-untyped-def]
+    src, _, _, _ = pair
+    failing = _FailingPoll(src)
+
+    async def go() -> None:
+        runner = TransferRunner(failing)  # type: ignore[arg-type]
+        try:
+            await runner.write("poller-dst", [0], [0], b"", timeout=10)
+        finally:
+            runner.poller.close()
+
+    with pytest.raises(TransferFailedError, match="failed"):
+        asyncio.run(go())
+    assert failing.removed == ["poller-dst"]

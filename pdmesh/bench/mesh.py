@@ -52,26 +52,41 @@ def _mesh_workload(address: str, prompts: list[list[int]], max_tokens: int, conc
     tokens = [0]
     cached = [0]
     lock = threading.Lock()
+    local = threading.local()
+    clients: list[Client] = []
+
+    def client() -> Client:
+        # One channel per client thread, kept, as a real caller keeps it: a channel per
+        # request would time TCP and HTTP/2 set-up, which is not the mesh's.
+        if not hasattr(local, "client"):
+            local.client = Client(address)
+            with lock:
+                clients.append(local.client)
+        return local.client
 
     def one(p: list[int]) -> None:
-        with Client(address) as c:
-            t0 = time.monotonic()
-            first = None
-            n = 0
-            for resp in c.generate(p, max_tokens=max_tokens, temperature=0, ignore_eos=True):
-                if first is None and resp.token_ids:
-                    first = time.monotonic() - t0
-                n += len(resp.token_ids)
-                if resp.finish_reason:
-                    with lock:
-                        cached[0] += resp.usage.cached_tokens
-            with lock:
-                ttfts.append(first or 0.0)
-                tokens[0] += n
+        c = client()
+        t0 = time.monotonic()
+        first = None
+        n = 0
+        for resp in c.generate(p, max_tokens=max_tokens, temperature=0, ignore_eos=True):
+            if first is None and resp.token_ids:
+                first = time.monotonic() - t0
+            n += len(resp.token_ids)
+            if resp.finish_reason:
+                with lock:
+                    cached[0] += resp.usage.cached_tokens
+        with lock:
+            ttfts.append(first or 0.0)
+            tokens[0] += n
 
     start = time.monotonic()
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, prompts))
+    try:
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(one, prompts))
+    finally:
+        for c in clients:
+            c.close()
     seconds = time.monotonic() - start
     return {"tok_s": tokens[0] / seconds, "ttft_p50": pct(ttfts, 0.5), "ttft_p90": pct(ttfts, 0.9),
             "hit_rate": cached[0] / sum(len(p) for p in prompts)}

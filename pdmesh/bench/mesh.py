@@ -134,15 +134,16 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Rando
     prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
     local = _in_process(args.model, args.dtype, prompts, out)
     spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args.dtype, 2048))
+    spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
         remote = _mesh_workload(mesh.router_address, prompts, out, n)
         infos = _prefill_infos(mesh)
         fresh = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(8)]
         alone_mesh = _mesh_workload(mesh.router_address, fresh, 1, 1)
-    # The mesh's own overhead: one request at a time, the in-process engine given the same
-    # thread count as the prefill worker (pdmesh up splits the cores between workers).
-    share = max(1, (os.cpu_count() or 1) // 2)
+    # The mesh's own overhead: one request at a time against one engine on the same cores
+    # (the workers split them, but an idle decode worker lends its share to the prefill).
+    share = (os.cpu_count() or 1) if spec.splits_cpu_cores() else max(1, (os.cpu_count() or 1) // 2)
     alone_local = _in_process(args.model, args.dtype, fresh, 1, one_at_a_time=True, threads=share)
     label = f"{n} x {plen} in + {out} out, all at once"
     rows.append(Row("mesh vs in-process", f"output tok/s ({label})", remote["tok_s"], local["tok_s"]))

@@ -95,6 +95,9 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                         help=f"{docs[name]} (default: the worker's, {getattr(EngineArgs, name)})")
     up.add_argument("--threads", default=None,
                     help="torch threads per worker (default: the machine's cores shared equally)")
+    up.add_argument("--no-core-share", action="store_true",
+                    help="workers keep their equal share of the cores even while a peer is idle "
+                         "(default: an idle worker lends its share to busy ones)")
     for flag, what in (("--tls-cert", "PEM certificate every process serves and presents"),
                        ("--tls-key", "PEM key of --tls-cert"),
                        ("--tls-ca", "PEM CA: mutual TLS between all processes and with clients")):
@@ -111,7 +114,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                     help="prompts with fewer uncached tokens prefill on the decode worker (default: 0 = never)")
     up.add_argument("--prefill-busy-requests", default=None,
                     help="prefill on the decode worker when the prefill worker already has this many "
-                         "of the router's prefills (default: 0 = never)")
+                         "of the router's prefills (default: 4 when the workers split this machine's "
+                         "cores, else 0 = never)")
 
 
 def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -142,7 +146,9 @@ def run_up(args: argparse.Namespace) -> int:
         http_port=None if args.no_http else args.http_port,
         decode_args=_flags(args, ("speculative_config",)),
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+        share_cores=not args.no_core_share,
     )
+    spec.router_args += spec.colocated_router_args()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

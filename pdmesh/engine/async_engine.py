@@ -22,6 +22,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+from pdmesh.engine.core_share import CoreShare
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.resume import Resume
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
@@ -46,6 +47,9 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
         self._progress_listeners: dict[str, tuple[Callable[[int], None], int]] = {}
         """request id -> (listener, full prompt blocks it was last told)."""
+        self.core_share: CoreShare | None = None
+        """Cores borrowed from idle workers on this machine for each step (and lent while
+        idle); None: the thread count is fixed."""
 
     async def generate(
         self,
@@ -137,9 +141,13 @@ class AsyncLLMEngine:
             self._apply_aborts()
             if not eng.has_unfinished_requests():  # a step would render these itself
                 self._post(self._dispatch, self.call(eng.take_ready_outputs))
+                if self.core_share is not None:
+                    self.core_share.idle()
                 self._work.wait()
                 self._work.clear()
                 continue
+            if self.core_share is not None:
+                self.core_share.busy()
             try:
                 outputs = eng.step()
             except Exception as exc:  # a broken step fails every stream, never hangs them

@@ -27,6 +27,10 @@ class WorkerConfig(EngineArgs, ServerConfig):
     """Default lifetime of a decode reservation whose KV has not arrived."""
     transfer_timeout_s: float = 30.0
     """Longest a KV write may take before the prefill fails with ABORTED."""
+    core_share: str = ""
+    """PATH:SLOT of the file where workers that split this machine's cores lend them to
+    each other while idle (``pdmesh up`` sets it; needs ``threads``); empty = a fixed
+    thread count."""
 
     def resolved_id(self, port: int) -> str:
         return self.worker_id or f"{self.role}-{port}"

@@ -7,6 +7,7 @@ and runs KV transfers against a deadline, counting what moved.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from pdmesh.engine.async_engine import AsyncLLMEngine
+from pdmesh.engine.core_share import CoreShare, parse_spec
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.step_cost import TokenCost
 from pdmesh.errors import IncompatibleWorkerError
@@ -49,13 +51,22 @@ def _transport(name: str, region: KVRegion) -> KVTransport:
     transport: KVTransport = NixlTransport(name, region)
     delay = os.environ.get("PDMESH_FAULT_TRANSFER_DELAY_S")
     if delay:  # tests only: see pdmesh/kv/transfer/faults.py
-        import logging
-
         from pdmesh.kv.transfer.faults import DelayedWrites
 
         logging.getLogger(__name__).warning("FAULT INJECTION: every KV write starts %ss late", delay)
         transport = DelayedWrites(transport, float(delay))
     return transport
+
+
+def _core_share(cfg: WorkerConfig) -> CoreShare:
+    if not cfg.threads:
+        raise ValueError("--core-share needs --threads (this worker's own share of the cores)")
+    path, slot = parse_spec(cfg.core_share)
+    share = CoreShare(path, slot, cfg.threads, os.cpu_count() or cfg.threads)
+    logging.getLogger(__name__).info(
+        "cores: %d of %d own, idle workers' cores borrowed per step (%s slot %d)",
+        cfg.threads, share.total, path, slot)
+    return share
 
 
 class WorkerCore:
@@ -67,6 +78,8 @@ class WorkerCore:
         self.epoch = uuid.uuid4().hex[:12]
         self.engine = LLMEngine(cfg.engine_config())
         self.aeng = AsyncLLMEngine(self.engine)
+        if cfg.core_share:
+            self.aeng.core_share = _core_share(cfg)
         self.transport = _transport(self.worker_id, KVRegion.of_tensor(self.engine.runner.kv_cache))
         self.transfers = TransferRunner(self.transport)
         self._connects: SingleFlight[None] = SingleFlight()

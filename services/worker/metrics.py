@@ -40,6 +40,19 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
         ("counter", "pdmesh_expired_leases", "Reservations freed because their KV never came",
          c.expired_leases, role),
         *_spec_samples(core, role),
+        *_core_share_samples(core, role),
+    ]
+
+
+def _core_share_samples(core: WorkerCore, role: dict[str, str]) -> list[Sample]:
+    share = core.aeng.core_share
+    if share is None:
+        return []
+    return [
+        ("gauge", "pdmesh_engine_threads", "Threads of the engine's last step (own share + borrowed)",
+         share.threads, role),
+        ("counter", "pdmesh_borrowed_core_steps", "Engine steps run on cores idle peers lent",
+         share.lent_steps, role),
     ]
 
 

@@ -35,8 +35,10 @@ class Started:
 def start_pdmesh(spec_text: str, model: str, dtype: str, kvstore: bool, worker_args: list[str]) -> Started:
     counts, _, proto = spec_text.partition("/")
     prefill, _, decode = counts.partition("+")
-    mesh = Mesh(MeshSpec(model=model, prefill=int(prefill), decode=int(decode or 1), kvstore=int(kvstore),
-                         http_port=0, worker_args=["--dtype", dtype, *worker_args]))
+    spec = MeshSpec(model=model, prefill=int(prefill), decode=int(decode or 1), kvstore=int(kvstore),
+                    http_port=0, worker_args=["--dtype", dtype, *worker_args])
+    spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
+    mesh = Mesh(spec)
     mesh.start()
     url = f"grpc://{mesh.router_address}" if proto == "grpc" else mesh.http_url
     return Started(url, model, mesh.stop)

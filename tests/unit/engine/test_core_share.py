@@ -1,0 +1,64 @@
+"""Workers that split a machine's cores lend them while idle (one shared file, no lock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdmesh.engine.core_share import CoreShare, create_share_file, parse_spec
+
+
+def _pair(tmp_path, total: int = 4):  # type: ignore[no-untyped-def]
+    path = tmp_path / "cores"
+    create_share_file(path, 2)
+    calls: dict[str, list[int]] = {"prefill": [], "decode": []}
+    prefill = CoreShare(path, 0, 2, total, calls["prefill"].append)
+    decode = CoreShare(path, 1, 2, total, calls["decode"].append)
+    return prefill, decode, calls
+
+
+def test_an_idle_worker_lends_its_share_and_takes_it_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prefill, decode, calls = _pair(tmp_path)
+    assert prefill.busy() == 4  # the decode worker is idle: both shares
+    assert decode.busy() == 2  # the prefill worker is busy: its own share only
+    assert prefill.busy() == 2  # next step: the decode worker is busy now
+    decode.idle()
+    assert prefill.busy() == 4
+    assert calls == {"prefill": [4, 2, 4], "decode": []}  # resized only on change
+    assert prefill.lent_steps == 2
+
+
+def test_going_idle_shrinks_back_to_the_own_share(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prefill, _, calls = _pair(tmp_path)
+    prefill.busy()
+    prefill.idle()
+    assert prefill.threads == 2
+    assert calls["prefill"] == [4, 2]
+
+
+def test_never_more_threads_than_the_machine_has(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "cores"
+    create_share_file(path, 3)
+    a = CoreShare(path, 0, 1, 2, lambda n: None)
+    CoreShare(path, 1, 1, 2, lambda n: None)
+    CoreShare(path, 2, 1, 2, lambda n: None)  # three workers on two cores, all idle
+    assert a.busy() == 2
+
+
+def test_a_worker_not_started_yet_lends_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "cores"
+    create_share_file(path, 2)
+    a = CoreShare(path, 0, 1, 2, lambda n: None)
+    assert a.busy() == 1  # slot 1 has published no share
+
+
+def test_bad_specs_and_slots_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "cores"
+    create_share_file(path, 2)
+    assert parse_spec(f"{path}:1") == (path, 1)
+    for bad in ("cores", f"{path}:", ":1", f"{path}:x"):
+        with pytest.raises(ValueError, match="PATH:SLOT"):
+            parse_spec(bad)
+    with pytest.raises(ValueError, match="outside"):
+        CoreShare(path, 2, 1, 2, lambda n: None)
+    with pytest.raises(ValueError, match="does not fit"):
+        CoreShare(path, 0, 3, 2, lambda n: None)

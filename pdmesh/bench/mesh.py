@@ -153,7 +153,9 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Rando
                     1000 * (alone_mesh["ttft_p50"] - alone_local["ttft_p50"])))
     sent = sum(i.kv_bytes_sent for i in infos)
     secs = sum(i.kv_transfer_seconds for i in infos)
-    per_request = max(1, round(sent / infos[0].kv_block_bytes / n))
+    # The prompts' own size, not sent / requests: under conditional disaggregation only
+    # some requests go through the prefill worker.
+    per_request = -(-plen // infos[0].block_size)
     raw = raw_nixl_gib_s(infos[0].kv_block_bytes, per_request)
     rows.append(Row("kv transfer", f"mesh KV write GiB/s (writes of ~{per_request} blocks, under load)",
                     sent / max(secs, 1e-9) / 2**30, raw, note=f"{sent / 2**20:.1f} MiB in {secs:.3f} s"))

@@ -1,13 +1,14 @@
 """``pdmesh bench mesh``: the mesh against the in-process engine, routing policies, transfer, index.
 
 All in one run on this machine, so ratios are what to read:
-1. the same workload through the mesh (1 prefill + 1 decode) and in process: output
-   throughput ratio and the TTFT the mesh adds (p50 / p90);
+1. the same workload through the mesh (1 prefill + 1 decode, as ``pdmesh up`` starts them)
+   and in process: output throughput ratio and the TTFT the mesh adds (p50 / p90);
 2. ``cache_aware`` vs ``round_robin`` with 2 prefill workers on shared-prefix traffic
    (groups x prompts with a long shared prefix; prefill pools sized so that one worker can
    hold half the prefixes): prefix-cache hit rate and TTFT p90;
-3. KV transfer throughput inside the mesh (bytes / seconds of writes) vs raw NIXL between
-   two processes for blocks of the same size;
+3. KV transfer throughput inside a mesh that disaggregates every request (bytes / seconds
+   of writes, under that workload) vs raw NIXL between two processes for blocks of the
+   same size;
 4. router decisions per second and Redis index lookup latency with 1M blocks indexed.
 """
 
@@ -138,8 +139,7 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Rando
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
         remote = _mesh_workload(mesh.router_address, prompts, out, n)
-        infos = _prefill_infos(mesh)
-        fresh = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(8)]
+        fresh = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
         alone_mesh = _mesh_workload(mesh.router_address, fresh, 1, 1)
     # The mesh's own overhead: one request at a time against one engine on the same cores
     # (the workers split them, but an idle decode worker lends its share to the prefill).
@@ -151,11 +151,20 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Rando
     rows.append(Row("mesh vs in-process", "TTFT p90 added (ms)", 1000 * (remote["ttft_p90"] - local["ttft_p90"])))
     rows.append(Row("mesh vs in-process", f"TTFT p50 added, one request at a time, {share} thread(s) (ms)",
                     1000 * (alone_mesh["ttft_p50"] - alone_local["ttft_p50"])))
+    bench_kv_transfer(args, rows, prompts, out)
+
+
+def bench_kv_transfer(args: argparse.Namespace, rows: list[Row], prompts: list[list[int]], out: int) -> None:
+    """KV writes under load, every request disaggregated (conditional disaggregation off,
+    or the busy rule would keep most of a burst off the prefill worker)."""
+    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args.dtype, 2048),
+                    router_args=["--prefill-busy-requests", "0"])
+    with Mesh(spec) as mesh:
+        _mesh_workload(mesh.router_address, prompts, out, len(prompts))
+        infos = _prefill_infos(mesh)
     sent = sum(i.kv_bytes_sent for i in infos)
     secs = sum(i.kv_transfer_seconds for i in infos)
-    # The prompts' own size, not sent / requests: under conditional disaggregation only
-    # some requests go through the prefill worker.
-    per_request = -(-plen // infos[0].block_size)
+    per_request = -(-len(prompts[0]) // infos[0].block_size)
     raw = raw_nixl_gib_s(infos[0].kv_block_bytes, per_request)
     rows.append(Row("kv transfer", f"mesh KV write GiB/s (writes of ~{per_request} blocks, under load)",
                     sent / max(secs, 1e-9) / 2**30, raw, note=f"{sent / 2**20:.1f} MiB in {secs:.3f} s"))

@@ -5,10 +5,11 @@ On CPU, UCX moves a transfer's bytes and delivers notifications only when its ow
 worker under load checked a transfer only when its loop came round, between gRPC
 messages of every other request: in ``pdmesh bench mesh`` a prefill worker's 4 MiB
 writes took 17 ms each under load against 2.4 ms for raw NIXL (0.13x). This thread polls
-every in-flight handle (and, on a decode worker, the notifications) every
-``busy_interval_s`` while there is anything to wait for and sleeps otherwise; results go
-back to the loop with ``call_soon_threadsafe``. Sleeping releases the GIL, so the poll
-costs the engine thread only the few microseconds each pass takes.
+every in-flight handle every ``busy_interval_s``, and on a decode worker the
+notifications every ``await_interval_s`` while a reservation awaits its KV (every
+``idle_interval_s`` otherwise); results go back to the loop with
+``call_soon_threadsafe``. Sleeping releases the GIL, so a pass costs the engine thread
+only the few microseconds it takes.
 
 Every call into the transport is serialised by the transport's own lock (NIXL agents are
 created without thread synchronisation); the poller's ``_mutex`` only guards its tables,
@@ -28,7 +29,13 @@ from pdmesh.kv.transfer.base import KVTransport, TransferState
 
 log = logging.getLogger(__name__)
 BUSY_INTERVAL_S = 0.0001
-"""Between passes while a transfer or an awaited notification is outstanding."""
+"""Between passes while a transfer this worker started is in flight (it is short)."""
+AWAIT_INTERVAL_S = 0.002
+"""Between notification polls while a reservation awaits its KV, i.e. for a whole prefill
+on another worker: at 0.1 ms these wake-ups took cores from that very prefill (on 2
+cores a lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms), while a
+write's completion waits at most one interval for the receiver's poll (transfer p50
+0.7-1.3 ms at 0.1 ms, 0.9-1.8 ms at 2 ms; docs/performance.md section 11)."""
 IDLE_INTERVAL_S = 0.005
 """Between notification polls with nothing awaited: writes into this worker's pool whose
 reservation lapsed must still complete, so polling never stops while a sink is set."""
@@ -52,9 +59,10 @@ class _NotifSink:
 
 class TransferPoller:
     def __init__(self, transport: KVTransport, busy_interval_s: float = BUSY_INTERVAL_S,
-                 idle_interval_s: float = IDLE_INTERVAL_S) -> None:
+                 await_interval_s: float = AWAIT_INTERVAL_S, idle_interval_s: float = IDLE_INTERVAL_S) -> None:
         self.transport = transport
         self.busy_interval_s = busy_interval_s
+        self.await_interval_s = await_interval_s
         self.idle_interval_s = idle_interval_s
         self._watches: dict[int, tuple[object, _Watch]] = {}
         self._sink: _NotifSink | None = None
@@ -105,11 +113,11 @@ class TransferPoller:
                     self._wake.wait()
                 if self._closed:
                     return
-                busy = self._poll_transfers()
+                transferring = self._poll_transfers()
                 sink = self._sink
-            if sink is not None:
-                busy = self._poll_notifs(sink) or busy
-            time.sleep(self.busy_interval_s if busy else self.idle_interval_s)
+            awaiting = sink is not None and self._poll_notifs(sink)
+            time.sleep(self.busy_interval_s if transferring
+                       else self.await_interval_s if awaiting else self.idle_interval_s)
 
     def _poll_transfers(self) -> bool:
         """One pass over the watched handles (called holding ``_mutex``); returns whether

@@ -94,8 +94,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     log.warning("reservation %s expired before its KV arrived; blocks freed", rid)
 
     async def watch_notifications(self) -> None:
-        """Collect NIXL notifications (transfer ids) on the transfer poller's thread, fast
-        while transfers are outstanding, so a busy event loop does not delay the KV's
+        """Collect NIXL notifications (transfer ids) on the transfer poller's thread, every
+        2 ms while a reservation awaits its KV, so a busy event loop does not delay its
         arrival. Polling also drives UCX progress for writes into this worker's pool, so it
         never stops: a write whose reservation has lapsed must still complete, not hang."""
         poller = self.core.transfers.poller

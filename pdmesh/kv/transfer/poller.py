@@ -108,14 +108,18 @@ class TransferPoller:
 
     def _run(self) -> None:
         while True:
-            with self._wake:
-                while not self._watches and self._sink is None and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-                transferring = self._poll_transfers()
-                sink = self._sink
-            awaiting = sink is not None and self._poll_notifs(sink)
+            try:
+                with self._wake:
+                    while not self._watches and self._sink is None and not self._closed:
+                        self._wake.wait()
+                    if self._closed:
+                        return
+                    transferring = self._poll_transfers()
+                    sink = self._sink
+                awaiting = sink is not None and self._poll_notifs(sink)
+            except Exception:  # the thread must outlive any one pass: every transfer needs it
+                log.exception("NIXL poller pass failed")
+                transferring = awaiting = False
             time.sleep(self.busy_interval_s if transferring
                        else self.await_interval_s if awaiting else self.idle_interval_s)
 

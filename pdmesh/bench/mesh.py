@@ -258,7 +258,7 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
 
     async def one(i: int) -> None:
         async with sem:
-            await core.route_prefill(prompts[i % 16], params, set())
+            await core.route_prefill(prompts[i % 16], core.prompt_hashes(prompts[i % 16], params), set())
 
     await asyncio.gather(*(one(i) for i in range(n)))
     return n / (time.perf_counter() - t0)

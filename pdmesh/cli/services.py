@@ -106,7 +106,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                     help=f"decode workers only: {docs['speculative_config']} (default: off)")
     # Router options.
     up.add_argument("--prefill-policy", default=None, help="prefill routing policy (default: cache_aware)")
-    up.add_argument("--decode-policy", default=None, help="decode routing policy (default: least_loaded)")
+    up.add_argument("--decode-policy", default=None,
+                    help="decode routing policy: holder | least_loaded | round_robin (default: holder)")
     up.add_argument("--disaggregation", default=None,
                     help="strict | fallback_local: without a prefill worker, fail or prefill on decode "
                          "(default: fallback_local)")

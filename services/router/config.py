@@ -22,8 +22,14 @@ class RouterConfig(MeshContract, ServerConfig):
     """The prefix index; empty = route by consistent hashing only."""
     prefill_policy: Literal["cache_aware", "prefix_hash", "least_loaded", "round_robin"] = "cache_aware"
     """How to pick the prefill worker."""
-    decode_policy: Literal["least_loaded", "round_robin"] = "least_loaded"
-    """How to pick the decode worker."""
+    decode_policy: Literal["holder", "least_loaded", "round_robin"] = "holder"
+    """How to pick the decode worker: holder = the one that served the conversation's
+    earlier turns (it caches their blocks) unless busier than the rest, else least loaded."""
+    decode_holder_slack: int = 2
+    """holder: requests in flight the holder may have beyond the least loaded worker and
+    still be chosen."""
+    decode_memory_s: float = 300.0
+    """holder: how long the router remembers which decode worker it sent a prompt to."""
     disaggregation: Literal["strict", "fallback_local"] = "fallback_local"
     """strict: fail (UNAVAILABLE) without a healthy prefill worker; fallback_local: the
     decode worker prefills itself, counted in RouterStats."""

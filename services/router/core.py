@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from pdmesh.errors import InvalidRequestError, UnavailableError
-from pdmesh.kv.block_hash import BlockHasher, extra_keys_for
+from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
 from pdmesh.model.config import ModelConfig
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
@@ -30,6 +30,7 @@ from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
 from services.router.policies import Decision, RouteContext, build_policy
 from services.router.prefill_routing import PrefillRouter
+from services.router.recent import RecentRoutes
 from services.router.registry import Registry, WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class RouterCore:
         self._tokenizer_pool = ThreadPoolExecutor(2, thread_name_prefix="pdmesh-tokenize")
         self.prefill_router = PrefillRouter(build_policy(cfg.prefill_policy, cfg), index, cfg.block_size)
         self.decode_policy = build_policy(cfg.decode_policy, cfg)
+        self.decode_recent = RecentRoutes(ttl_s=cfg.decode_memory_s)
+        """Which decode worker each prompt block was last sent to (``holder`` policy)."""
         self.decisions: Counter[str] = Counter()
         self.local_prefills = 0
         self.prefill_retries = 0
@@ -137,12 +140,16 @@ class RouterCore:
             self.flows.pop(request_id, None)
 
     # -- routing ----------------------------------------------------------------------
-    async def route_prefill(self, ids: list[int], params: SamplingParams, exclude: set[str],
+    def prompt_hashes(self, ids: list[int], params: SamplingParams) -> list[BlockHash]:
+        """The prompt's chained block hashes (its cache salt included): computed once per
+        request for both routing decisions."""
+        return self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
+
+    async def route_prefill(self, ids: list[int], hashes: list[BlockHash], exclude: set[str],
                             ctx: Any = None) -> Decision | None:
         candidates = [w for w in self.workers.healthy("prefill") if w.worker_id not in exclude]
         if not candidates:
             return None
-        hashes = self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
         lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
         decision, matched, tier = await self.prefill_router.choose(hashes, key, len(ids), candidates)
@@ -161,11 +168,21 @@ class RouterCore:
             return "no healthy prefill worker (disaggregation=strict)"
         return ""
 
-    def route_decode(self, exclude: set[str] | frozenset[str] = frozenset()) -> WorkerHandle:
+    def route_decode(self, hashes: list[BlockHash],
+                     exclude: set[str] | frozenset[str] = frozenset()) -> WorkerHandle:
+        """By policy, over what each decode worker was recently sent of this prompt (a
+        decode worker keeps prompts' blocks as prefix cache; the router remembers where
+        it sent them)."""
         candidates = [w for w in self.workers.healthy("decode") if w.worker_id not in exclude]
         if not candidates:
             raise UnavailableError("no healthy decode worker; retry later")
-        return self.decode_policy.choose(candidates, RouteContext([], b"", None, self.cfg.block_size)).worker
+        held = self.decode_recent.depths(hashes)
+        choice = self.decode_policy.choose(
+            candidates, RouteContext(hashes, hashes[0] if hashes else b"", held, self.cfg.block_size))
+        self.decisions[f"decode/{choice.reason}"] += 1
+        if hashes:
+            self.decode_recent.remember(hashes, choice.worker.worker_id)
+        return choice.worker
 
     def count_route(self, choice: Decision | None, local_reason: str) -> None:
         """Count a prefill decision for RouterStats and /metrics, by policy and reason."""

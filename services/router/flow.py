@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from pdmesh.errors import UnavailableError
+from pdmesh.kv.block_hash import BlockHash
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.rpc.convert import FINISH_NAMES
@@ -78,6 +79,8 @@ class RequestFlow:
     streamed_chars: int = 0
     failed_decode: set[str] = field(default_factory=set)
     """Decode workers that failed this request mid-stream."""
+    hashes: list[BlockHash] = field(default_factory=list)
+    """The prompt's block hashes, computed once in ``run`` for both routing decisions."""
 
     def _decode(self) -> WorkerHandle:
         if self.decode is None:
@@ -138,7 +141,8 @@ class RequestFlow:
 
     # -- the lifecycle ----------------------------------------------------------------
     async def run(self) -> AsyncIterator[Any]:
-        self.decode = self.core.route_decode()
+        self.hashes = self.core.prompt_hashes(self.prompt, self.params)
+        self.decode = self.core.route_decode(self.hashes)
         self.decode.acquire()
         try:
             for _ in range(PREFILL_ATTEMPTS):
@@ -172,7 +176,7 @@ class RequestFlow:
         core, decode = self.core, self._decode()
         span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
                                   candidates=len(core.workers.healthy("prefill")))
-        choice = await core.route_prefill(self.prompt, self.params, self.tried, tracing.child_context(span))
+        choice = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
         reason = core.local_reason(choice, self.prompt)
         span.set_attributes({
             "pdmesh.policy": core.prefill_router.policy.name,
@@ -285,7 +289,7 @@ class RequestFlow:
             core.workers.mark_down(failed)
         self.failed_decode.add(failed.worker_id)
         try:
-            replacement = core.route_decode(exclude=self.failed_decode)
+            replacement = core.route_decode(self.hashes, exclude=self.failed_decode)
         except UnavailableError:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise exc from None  # every decode worker is full: "not now", with its retry hint

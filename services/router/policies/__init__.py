@@ -5,6 +5,7 @@ from __future__ import annotations
 from services.router.config import RouterConfig
 from services.router.policies.base import Decision, Policy, RouteContext
 from services.router.policies.cache_aware import CacheAwarePolicy
+from services.router.policies.holder import HolderPolicy
 from services.router.policies.least_loaded import LeastLoadedPolicy
 from services.router.policies.prefix_hash import PrefixHashPolicy
 from services.router.policies.round_robin import RoundRobinPolicy
@@ -14,6 +15,7 @@ _FACTORIES = {
                                                     cfg.route_tolerance),
     "prefix_hash": lambda cfg: PrefixHashPolicy(),
     "least_loaded": lambda cfg: LeastLoadedPolicy(),
+    "holder": lambda cfg: HolderPolicy(cfg.decode_holder_slack),
     "round_robin": lambda cfg: RoundRobinPolicy(),
 }
 

@@ -4,6 +4,7 @@ left anywhere."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -55,6 +56,30 @@ def _run_all(address: str, on_token=None, gaps: list[float] | None = None) -> li
 
     with ThreadPoolExecutor(24) as pool:
         return list(pool.map(one, _requests()))
+
+
+def _prefill_bytes_sent(mesh: Mesh) -> tuple[int, int]:
+    with grpc.insecure_channel(mesh.prefill[0].address) as ch:
+        info = worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
+    return info.kv_bytes_sent, info.kv_block_bytes
+
+
+def test_a_conversation_stays_on_the_decode_worker_that_holds_it(mesh: Mesh) -> None:
+    """Runs before the kill below. Turn 2 of each conversation goes to the decode worker
+    that served turn 1, which caches turn 1's prompt blocks: only the rest is written."""
+    rng = random.Random(5)
+    with Client(mesh.router_address, timeout=120) as c:
+        for _ in range(4):
+            turn1 = [rng.randrange(5, 1000) for _ in range(64)]  # 4 full blocks
+            reply = c.complete(turn1, max_tokens=8, temperature=0)
+            turn2 = turn1 + reply.token_ids + [rng.randrange(5, 1000) for _ in range(40)]  # 112 tokens
+            before, block_bytes = _prefill_bytes_sent(mesh)
+            c.complete(turn2, max_tokens=2, temperature=0)
+            blocks = (_prefill_bytes_sent(mesh)[0] - before) // block_bytes
+            assert blocks <= 7 - 4, f"turn 2 wrote {blocks} blocks: turn 1's 4 were not reused"
+    stats = admin_pb2_grpc.MeshAdminStub(grpc.insecure_channel(mesh.router_address)).RouterStats(
+        admin_pb2.RouterStatsRequest())
+    assert stats.decisions["decode/holder"] >= 4
 
 
 def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:

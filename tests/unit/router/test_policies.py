@@ -114,3 +114,40 @@ def test_reserving_early_only_when_the_request_cannot_prefill_locally(llama_dir)
         ruled = RouterCore(RouterConfig(model=str(llama_dir), **rule), Registry(cfg))
         ruled.workers.workers = workers(2)
         assert ruled.may_prefill_locally(set())
+
+
+def test_holder_keeps_a_conversation_on_its_decode_worker_within_the_slack() -> None:
+    from services.router.policies.holder import HolderPolicy
+
+    policy = HolderPolicy(slack=2)
+    ws = workers(3, loads=[3, 1, 5])
+    held = RouteContext(HASHES, HASHES[0], {"p0": 3, "p2": 4}, 4)
+    choice = policy.choose(ws, held)
+    assert (choice.worker.worker_id, choice.reason, choice.cached_tokens) == ("p0", "holder", 12)
+    ws[0].in_flight = 4  # 3 more than the least loaded: beyond the slack
+    assert policy.choose(ws, held).worker.worker_id == "p1"
+    assert policy.choose(ws, RouteContext(HASHES, HASHES[0], {}, 4)).reason == "load"  # nobody holds it
+
+
+def test_the_router_remembers_where_a_conversation_decoded(llama_dir) -> None:  # type: ignore[no-untyped-def]
+    from pdmesh.sampling_params import SamplingParams
+    from services.router.config import RouterConfig
+    from services.router.core import RouterCore
+    from services.router.registry import Registry
+
+    cfg = RouterConfig(model=str(llama_dir))
+    core = RouterCore(cfg, Registry(cfg))
+    ds = workers(2, loads=[0, 0])
+    for w in ds:
+        w.role = "decode"
+    core.workers.workers = ds
+    turn1 = list(range(10, 10 + 4 * cfg.block_size))
+    first = core.route_decode(core.prompt_hashes(turn1, SamplingParams()))
+    other = next(w for w in ds if w is not first)
+    first.in_flight = 1  # busier than the other by one: within the slack
+    turn2 = turn1 + list(range(500, 500 + 2 * cfg.block_size))
+    assert core.route_decode(core.prompt_hashes(turn2, SamplingParams())) is first
+    assert core.decisions["decode/holder"] == 1
+    stranger = list(range(700, 700 + 4 * cfg.block_size))
+    assert core.route_decode(core.prompt_hashes(stranger, SamplingParams())) is other  # least loaded
+    assert core.route_decode(core.prompt_hashes(turn2, SamplingParams()), exclude={first.worker_id}) is other

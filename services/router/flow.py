@@ -125,6 +125,11 @@ class RequestFlow:
         except Exception as exc:
             finish = "error"
             span.record_exception(exc)
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                # The router validated this request: a worker refusing it is the mesh's fault.
+                log.error("a worker refused %s as invalid (%s); decode %s, prefill %s, tried %s",
+                          rid, exc.details(), self.decode.worker_id if self.decode else "-",
+                          self.prefill.worker.worker_id if self.prefill else "-", sorted(self.tried))
             raise
         finally:
             span.set_attribute("pdmesh.finish_reason", finish)

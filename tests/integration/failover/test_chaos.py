@@ -64,7 +64,8 @@ def test_random_kills_under_load(llama_dir: Path, tmp_path: Path, hf_refs) -> No
                         out = c.complete(p, max_tokens=12, temperature=0)
                         outcomes.append("ok" if out.token_ids == want[tuple(p)] else "WRONG")
                     except grpc.RpcError as exc:
-                        outcomes.append(exc.code().name if exc.code() in DOCUMENTED else f"BAD {exc.code().name}")
+                        outcomes.append(exc.code().name if exc.code() in DOCUMENTED
+                                        else f"BAD {exc.code().name}: {exc.details()}")
                         time.sleep(0.2)  # a client backs off before it retries
                     if time.monotonic() - t0 > DEADLINE_S + 2:
                         late.append(time.monotonic() - t0)

@@ -42,6 +42,12 @@ def listed(mesh: Mesh) -> dict[str, admin_pb2.WorkerStatus]:
     return {w.address: w for w in admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers}
 
 
+def healthy(mesh: Mesh, address: str) -> bool:
+    """One ListWorkers read (two could straddle the worker's removal)."""
+    status = listed(mesh).get(address)
+    return status is not None and status.healthy
+
+
 def info(address: str) -> worker_pb2.WorkerInfo:
     """Fresh from the worker (the router's copy may predate the last requests)."""
     with grpc.insecure_channel(address) as ch:
@@ -93,7 +99,7 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
     serving_s = time.monotonic() - spawned
     d2, d2_addr = start_worker(live_mesh, tmp_path, "decode", "decode-late")
     try:
-        joined_s = wait_for(lambda: all(a in listed(live_mesh) and listed(live_mesh)[a].healthy
+        joined_s = wait_for(lambda: all(healthy(live_mesh, a)
                                         for a in (p2_addr, d2_addr)))
         table = status_table(live_mesh)
         assert "prefix index: ok" in table
@@ -111,7 +117,7 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
         waiter = run_load(live_mesh, 12, 48, errors, seed=1)
         time.sleep(0.3)
         d2.send_signal(signal.SIGTERM)
-        gone_s = wait_for(lambda: d2_addr not in listed(live_mesh) or not listed(live_mesh)[d2_addr].healthy)
+        gone_s = wait_for(lambda: not healthy(live_mesh, d2_addr))
         waiter.join(180)
         assert not errors, errors[:3]
         assert d2.wait(30) == 0
@@ -119,7 +125,7 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
         # A worker that dies without leaving is taken out of service when its Info fails,
         # and forgotten once its membership record has expired too (5 s TTL).
         p2.kill()
-        expired_s = wait_for(lambda: p2_addr not in listed(live_mesh) or not listed(live_mesh)[p2_addr].healthy)
+        expired_s = wait_for(lambda: not healthy(live_mesh, p2_addr))
         wait_for(lambda: p2_addr not in listed(live_mesh), timeout=5.0 + SEEN_WITHIN_S)
         errors = []
         run_load(live_mesh, 4, 4, errors, seed=2).join(180)
@@ -135,7 +141,7 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
 def test_a_mismatched_worker_joining_is_refused_with_the_reason(live_mesh: Mesh, tmp_path: Path) -> None:
     proc, addr = start_worker(live_mesh, tmp_path, "decode", "decode-odd", "--block-size", "8")
     try:
-        wait_for(lambda: addr in listed(live_mesh) and listed(live_mesh)[addr].refused_reason != "")
+        wait_for(lambda: (listed(live_mesh).get(addr) or admin_pb2.WorkerStatus()).refused_reason != "")
         status = listed(live_mesh)[addr]
         assert not status.healthy and status.state == "refused" and "block_size 8" in status.refused_reason
         row = next(line for line in status_table(live_mesh).splitlines() if "decode-odd" in line)

@@ -10,7 +10,9 @@ the mesh made 0.58-0.60x the output tokens of one engine using both cores
 A ``CoreShare`` is one slot in a small file every worker of the machine maps (the
 launcher creates it and names each worker's slot): per slot a busy byte and the worker's
 share of cores. Before each step the engine thread marks itself busy and takes its own
-share plus the shares of workers whose slot says idle; going idle it marks itself so.
+share plus the shares of workers whose slot says idle; after 100 ms without work
+(``LEND_AFTER_IDLE_S`` in the async engine) it marks itself idle, so the short gaps of a
+stream of small requests lend nothing.
 A worker that wakes up while a peer still runs on its lent cores overlaps it for at most
 that peer's one step, after which the peer shrinks back. Single-byte stores and loads
 need no lock; a worker that died busy only stops lending, and one that died idle is

@@ -192,13 +192,6 @@ class RouterCore:
         elif choice is not None:
             self.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
 
-    def may_prefill_locally(self, exclude: set[str]) -> bool:
-        """Whether ``local_reason`` could say yes for the next decision: it can only when
-        no prefill worker is left to choose or a conditional-disaggregation rule is on."""
-        if self.cfg.local_prefill_tokens or self.cfg.prefill_busy_requests:
-            return True
-        return not any(w.worker_id not in exclude for w in self.workers.healthy("prefill"))
-
     def local_reason(self, choice: Decision | None, ids: list[int]) -> str:
         """Why this request prefills on its decode worker ("" = it does not)."""
         if choice is None:

@@ -6,8 +6,6 @@ Lifecycle (the methods below, in this order):
                 healthy prefill worker under ``fallback_local``, prefills on the decode
                 worker instead (``GenerateLocal``);
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
-                the call starts alongside 1's index lookup when the request cannot end
-                up prefilling locally, so the two round trips overlap;
   3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token;
                 if it is unreachable the reservation is released, the worker marked down
                 and the next attempt routes to another (at most ``PREFILL_ATTEMPTS``);
@@ -151,21 +149,13 @@ class RequestFlow:
         self.decode.acquire()
         try:
             for _ in range(PREFILL_ATTEMPTS):
-                reserving = self._reserve_early()
-                try:
-                    local = await self.route()
-                    if local and reserving is not None:
-                        await self._give_back(reserving)
-                except BaseException:
-                    if reserving is not None:
-                        await self._give_back(reserving)
-                    raise
+                local = await self.route()
                 if local:
                     async for resp in self._decoded(decode_stub(self.decode.address).GenerateLocal(
                         self._reserve_msg(), metadata=self.metadata, timeout=self.left())):
                         yield resp
                     return
-                first = await self.reserve_and_prefill(reserving)
+                first = await self.reserve_and_prefill()
                 if first is not None:
                     async for resp in self.decode_stream(*first):
                         yield resp
@@ -195,36 +185,17 @@ class RequestFlow:
         core.count_route(choice, reason)
         return reason
 
-    def _reserve_early(self) -> Any:
-        """Start the ``Reserve`` call before the prefill worker is chosen when that choice
-        cannot send the request to local prefill: the index lookup and the reservation's
-        round trip then overlap instead of adding up before the first token (measured: the
-        router's time from a request to its ``Prefill`` call, 3.0 -> 2.5 ms p50). None when
-        it can (the reservation would have to be given back)."""
-        if self.core.may_prefill_locally(self.tried):
-            return None
-        return self._start(decode_stub(self._decode().address).Reserve(
-            self._reserve_msg(), metadata=self.metadata, timeout=self.left()))
-
-    async def _give_back(self, reserving: Any) -> None:
-        """Undo an early reservation: cancel the call, and release what it may have reserved."""
-        reserving.cancel()
-        await reservation.give_back(decode_stub(self._decode().address), self.request_id)
-
-    async def reserve_and_prefill(self, reserving: Any = None) -> tuple[Any, Any] | None:
-        """Reserve on the decode worker (or finish the ``Reserve`` started early), prefill
-        on the chosen one: ``(response, handle)``, or None to try again: the prefill worker
-        was unreachable (marked down), or the decode worker was (replaced by another); the
-        reservation is released either way."""
+    async def reserve_and_prefill(self) -> tuple[Any, Any] | None:
+        """Reserve on the decode worker, prefill on the chosen one: ``(response, handle)``,
+        or None to try again: the prefill worker was unreachable (marked down), or the
+        decode worker was (replaced by another); the reservation is released either way."""
         choice = self.prefill
         if choice is None:
             raise RuntimeError(f"{self.request_id}: prefill before a prefill worker was chosen")
         d_stub = decode_stub(self._decode().address)
-        if reserving is None:
-            reserving = self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
-                                                   timeout=self.left()))
         try:
-            handle = await reserving
+            handle = await self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
+                                                      timeout=self.left()))
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise

@@ -94,28 +94,6 @@ def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-de
     assert core.local_reason(None, long_prompt) == "no_prefill"
 
 
-def test_reserving_early_only_when_the_request_cannot_prefill_locally(llama_dir) -> None:  # type: ignore[no-untyped-def]
-    """The flow starts Reserve alongside the index lookup only when ``local_reason``
-    cannot say yes; otherwise an early reservation would have to be given back."""
-    from services.router.config import RouterConfig
-    from services.router.core import RouterCore
-    from services.router.registry import Registry
-
-    cfg = RouterConfig(model=str(llama_dir))
-    core = RouterCore(cfg, Registry(cfg))
-    assert core.may_prefill_locally(set())  # no prefill worker at all: local (or refused)
-    core.workers.workers = workers(2)
-    assert not core.may_prefill_locally(set())
-    assert not core.may_prefill_locally({"p0"})
-    assert core.may_prefill_locally({"p0", "p1"})  # both failed this request
-    core.workers.workers[0].healthy = False
-    assert core.may_prefill_locally({"p1"})
-    for rule in ({"local_prefill_tokens": 32}, {"prefill_busy_requests": 2}):
-        ruled = RouterCore(RouterConfig(model=str(llama_dir), **rule), Registry(cfg))
-        ruled.workers.workers = workers(2)
-        assert ruled.may_prefill_locally(set())
-
-
 def test_holder_keeps_a_conversation_on_its_decode_worker_within_the_slack() -> None:
     from services.router.policies.holder import HolderPolicy
 

@@ -23,7 +23,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -32,11 +31,10 @@ from pdmesh.errors import UnavailableError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
-from pdmesh.rpc.convert import FINISH_NAMES
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from pdmesh.telemetry.logging_setup import bind_request
 from services.router import reservation
+from services.router.caller_stream import caller_stream
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
 
@@ -89,49 +87,10 @@ class RequestFlow:
         return max(0.0, self.deadline - asyncio.get_running_loop().time())
 
     # -- the stream the caller sees ---------------------------------------------------
-    async def stream(self) -> AsyncIterator[Any]:
-        """Telemetry and abort handling around ``run``; yields ``GenerateResponse``s."""
-        core, rid = self.core, self.request_id
-        timer = core.request_metrics.stream()
-        span = tracing.start_span("router.generate", self.trace, request_id=rid,
-                                  model=Path(core.cfg.model).name, prompt_tokens=len(self.prompt))
-        self.trace = tracing.child_context(span)
-        self.metadata = tracing.outgoing(self.trace)
-        bind_request(rid, span)
-        finish, produced = "cancelled", 0
-        try:
-            async for resp in self.run():
-                produced += len(resp.token_ids)
-                timer.tokens(len(resp.token_ids))
-                if resp.finish_reason:
-                    finish = FINISH_NAMES.get(resp.finish_reason) or "unknown"
-                    timer.done(finish)
-                    span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
-                    span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
-                    if resp.usage.spec_draft_tokens:
-                        span.set_attribute("pdmesh.spec_draft_tokens", resp.usage.spec_draft_tokens)
-                        span.set_attribute("pdmesh.spec_accepted_tokens", resp.usage.spec_accepted_tokens)
-                yield resp
-        except asyncio.CancelledError:
-            if not self.aborted:
-                raise  # the caller went away: nothing to tell it
-            # abort(): the cancelled call's cleanup released the KV on every worker; end
-            # the stream the way the contract says.
-            finish = "abort"
-            timer.done(finish)
-            yield messages.abort_response(rid, len(self.prompt), produced)
-        except Exception as exc:
-            finish = "error"
-            span.record_exception(exc)
-            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                # The router validated this request: a worker refusing it is the mesh's fault.
-                log.error("a worker refused %s as invalid (%s); decode %s, prefill %s, tried %s",
-                          rid, exc.details(), self.decode.worker_id if self.decode else "-",
-                          self.prefill.worker.worker_id if self.prefill else "-", sorted(self.tried))
-            raise
-        finally:
-            span.set_attribute("pdmesh.finish_reason", finish)
-            span.end()
+    def stream(self) -> AsyncIterator[Any]:
+        """``run`` as the caller sees it: ``GenerateResponse``s with telemetry and the abort
+        contract around them (``services/router/caller_stream.py``)."""
+        return caller_stream(self)
 
     def abort(self) -> bool:
         """Cancel the current downstream call; False when already aborting."""

@@ -1,0 +1,69 @@
+"""A request's stream as its caller sees it: the router span and request metrics around
+``RequestFlow.run``, and the abort contract (an aborted request ends with an abort
+response, not an error)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from pdmesh.rpc import messages
+from pdmesh.rpc.convert import FINISH_NAMES
+from pdmesh.telemetry import tracing
+from pdmesh.telemetry.logging_setup import bind_request
+
+if TYPE_CHECKING:
+    from services.router.flow import RequestFlow
+
+log = logging.getLogger(__name__)
+
+
+async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
+    """Telemetry and abort handling around ``run``; yields ``GenerateResponse``s."""
+    core, rid = flow.core, flow.request_id
+    timer = core.request_metrics.stream()
+    span = tracing.start_span("router.generate", flow.trace, request_id=rid,
+                              model=Path(core.cfg.model).name, prompt_tokens=len(flow.prompt))
+    flow.trace = tracing.child_context(span)
+    flow.metadata = tracing.outgoing(flow.trace)
+    bind_request(rid, span)
+    finish, produced = "cancelled", 0
+    try:
+        async for resp in flow.run():
+            produced += len(resp.token_ids)
+            timer.tokens(len(resp.token_ids))
+            if resp.finish_reason:
+                finish = FINISH_NAMES.get(resp.finish_reason) or "unknown"
+                timer.done(finish)
+                span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
+                span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
+                if resp.usage.spec_draft_tokens:
+                    span.set_attribute("pdmesh.spec_draft_tokens", resp.usage.spec_draft_tokens)
+                    span.set_attribute("pdmesh.spec_accepted_tokens", resp.usage.spec_accepted_tokens)
+            yield resp
+    except asyncio.CancelledError:
+        if not flow.aborted:
+            raise  # the caller went away: nothing to tell it
+        # abort(): the cancelled call's cleanup released the KV on every worker; end
+        # the stream the way the contract says.
+        finish = "abort"
+        timer.done(finish)
+        yield messages.abort_response(rid, len(flow.prompt), produced)
+    except Exception as exc:
+        finish = "error"
+        span.record_exception(exc)
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            # The router validated this request: a worker refusing it is the mesh's fault.
+            log.error("a worker refused %s as invalid (%s); decode %s, prefill %s, tried %s",
+                      rid, exc.details(), flow.decode.worker_id if flow.decode else "-",
+                      flow.prefill.worker.worker_id if flow.prefill else "-", sorted(flow.tried))
+        raise
+    finally:
+        span.set_attribute("pdmesh.finish_reason", finish)
+        span.end()
+

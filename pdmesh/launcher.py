@@ -163,6 +163,8 @@ class Mesh:
             args += ["--threads", str(share)]
             if self.spec.splits_cpu_cores():
                 slot = index + (self.spec.prefill if role == "decode" else 0)
+                if not self.core_share_file.exists():  # workers spawned without start()
+                    create_share_file(self.core_share_file, self.spec.prefill + self.spec.decode)
                 args += ["--core-share", f"{self.core_share_file}:{slot}"]
         args += ["--redis-url", self.redis_url]  # membership (and, on prefill, the index)
         if role == "prefill" and self.kvstore:

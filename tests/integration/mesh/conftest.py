@@ -54,8 +54,11 @@ def wait_idle(mesh: Mesh, timeout: float = 20.0) -> dict[str, worker_pb2.WorkerI
 def mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     # Prefill chunks of 64 tokens: long prompts take several steps, and their finished
     # blocks travel to the decode worker while later chunks compute.
+    # Fixed core shares: these tests assert how routing spreads prompts over the two prefill
+    # workers (a flood evicting a prefix on both), and lent cores would make one worker
+    # measure cheaper than the other for a while. Lending has its own tests.
     spec = MeshSpec(model=str(llama_dir), prefill=2, decode=1, kvstore=1, worker_args=WORKER_ARGS, http_port=0,
-                    prefill_args=["--max-num-batched-tokens", "64"],
+                    prefill_args=["--max-num-batched-tokens", "64"], share_cores=False,
                     router_args=["--info-interval-s", "0.2"],
                     log_dir=str(tmp_path_factory.mktemp("mesh-logs")))
     with Mesh(spec) as m:

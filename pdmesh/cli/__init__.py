@@ -47,6 +47,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.spec import run_spec_bench as bench
         elif name == "route-sim":
             from pdmesh.bench.routing.sim_command import run_route_sim as bench
+        elif name == "route-mesh":
+            from pdmesh.bench.routing.mesh_run import run_route_mesh as bench
         else:
             from pdmesh.bench.tracing import run_tracing_bench as bench
         bench(args)
@@ -123,6 +125,12 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
 
     add_route_sim(broute)
     broute.set_defaults(func=_bench("route-sim"))
+    bmesh_route = bsub.add_parser("route-mesh", help="routing policies on a real mesh (2 prefill + 1 decode) "
+                                  "with Poisson arrivals at fractions of its measured capacity")
+    from pdmesh.bench.routing.mesh_run import add_arguments as add_route_mesh
+
+    add_route_mesh(bmesh_route)
+    bmesh_route.set_defaults(func=_bench("route-mesh"))
     bspec = bsub.add_parser("spec", help="speculative decoding (n-gram, draft model) vs none, in process")
     bspec.add_argument("--model", required=True, help="Hugging Face model folder (required)")
     bspec.add_argument("--draft-model", default=None, help="also measure this draft model (default: unset)")

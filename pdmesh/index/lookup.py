@@ -2,6 +2,9 @@
 
 A Lua script walks the chain's keys in order, intersecting as it goes, and stops at the
 first block no candidate holds, so the cost is bounded by the matched prefix, not the prompt.
+The chain travels as one hex string the script cuts into ``keys.block_key`` names: packing
+a long prompt's keys as separate arguments took ~0.1 ms of a 0.5 ms lookup. (The keys are
+not declared, so the index needs one Redis, not a cluster; it is one Redis.)
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ from pdmesh.index import keys
 from pdmesh.kv.block_hash import BlockHash
 
 _LONGEST_PREFIX = """
+local prefix, width, chain = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local function key(i) return prefix .. string.sub(chain, (i - 1) * width + 1, i * width) end
 local depth = {}
-local current = redis.call('SMEMBERS', KEYS[1])
+local current = redis.call('SMEMBERS', key(1))
 for _, m in ipairs(current) do depth[m] = 1 end
-for i = 2, #KEYS do
+for i = 2, #chain / width do
   if #current == 0 then break end
   local nxt = {}
+  local k = key(i)
   for _, m in ipairs(current) do
-    if redis.call('SISMEMBER', KEYS[i], m) == 1 then
+    if redis.call('SISMEMBER', k, m) == 1 then
       depth[m] = i
       nxt[#nxt + 1] = m
     end
@@ -54,7 +60,8 @@ class PrefixIndex:
         """``{(worker_id, epoch): matched leading blocks}``; raises RedisError when unreachable."""
         if not hashes:
             return {}
-        raw = await self._script(keys=[keys.block_key(h) for h in hashes])
+        width = 2 * len(hashes[0])
+        raw = await self._script(args=[keys.block_key(b""), width, b"".join(hashes).hex()])
         out: dict[tuple[str, str], int] = {}
         for i in range(0, len(raw), 2):
             value = raw[i].decode() if isinstance(raw[i], bytes) else raw[i]

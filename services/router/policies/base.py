@@ -22,6 +22,9 @@ class RouteContext:
     """Leading blocks the kvstore tier holds (fetchable by any prefill worker)."""
     num_tokens: int = 0
     """The prompt's length in tokens (what a worker holding none of it computes)."""
+    holders: list[WorkerHandle] | None = None
+    """The candidates named in ``matched``, when the caller found them already (None: the
+    policy looks them up; a pass over 1,000 candidates costs ~0.1 ms)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,8 @@ class CacheAwarePolicy:
         if ctx.matched is None:
             return Decision(ring_pick(candidates, ctx.routing_key), "index_down")
         matched = ctx.matched
-        holders = [w for w in candidates if w.worker_id in matched] if matched else []
+        holders = ctx.holders if ctx.holders is not None else (
+            [w for w in candidates if w.worker_id in matched] if matched else [])
         pool = candidates
         if len(candidates) > 2 * self.sample:
             # Among many workers that all lack the prompt, the fastest of a random sample

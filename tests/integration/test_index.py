@@ -86,3 +86,36 @@ def test_members_are_read_from_their_set_and_expired_keys_leave_it(redis_url: st
         await client.aclose()
 
     asyncio.run(main())
+
+
+def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(redis_url: str) -> None:
+    """What ``PrefillRouter.matched`` hands the policy: index entries only under a
+    candidate's current epoch, the router's own recent routes on top, nothing for workers
+    that are not candidates, and a new candidate set seen at once."""
+    from pdmesh.mesh_types import WorkerInfo
+    from services.router.config import RouterConfig
+    from services.router.policies import build_policy
+    from services.router.prefill_routing import PrefillRouter
+    from services.router.registry import WorkerHandle
+
+    def handle(wid: str, epoch: str) -> WorkerHandle:
+        w = WorkerHandle(f"addr-{wid}", "prefill", healthy=True)
+        w.info = WorkerInfo(worker_id=wid, role="prefill", epoch=epoch)
+        return w
+
+    async def main() -> None:
+        for wid, epoch, n in (("p0", "e1", 6), ("p1", "old", 5), ("p2", "e1", 4)):
+            await IndexPublisher(redis_url, wid, epoch, f"x:{wid}").apply([BlockStored(tuple(CHAIN[:n]), None)])
+        router = PrefillRouter(build_policy("cache_aware", RouterConfig(model="m")), PrefixIndex(redis_url), 16)
+        p0, p1, p2, p3 = handle("p0", "e1"), handle("p1", "e1"), handle("p2", "e1"), handle("p3", "e1")
+        matched, tier, holders = await router.matched(CHAIN, [p0, p1, p3])
+        # p1 restarted (its entries are of an older epoch); p2 is not a candidate.
+        assert (matched, tier, holders) == ({"p0": 6}, 0, [p0])
+        router.recent.remember(CHAIN[:8], "p3")  # routed there, not yet indexed
+        matched, _, holders = await router.matched(CHAIN, [p0, p1, p3])
+        assert matched == {"p0": 6, "p3": 8} and set(holders) == {p0, p3}
+        matched, _, holders = await router.matched(CHAIN, [p0, p2, p3])  # p2 became a candidate
+        assert matched == {"p0": 6, "p2": 4, "p3": 8} and set(holders) == {p0, p2, p3}
+        await router.index.close()
+
+    asyncio.run(main())

@@ -234,6 +234,7 @@ def run_route_mesh(args: argparse.Namespace) -> None:
     capacity = args.capacity
     rows: list[dict[str, Any]] = []
     cdfs: dict[str, list[float]] = {}
+    requests: dict[str, list[dict[str, Any]]] = {}
     if not capacity:
         records, seconds, counts, reasons = run_policy(traffic, replace(spec, think_s=0.0), args.capacity_policy,
                                                        float("inf"), _sub(args.log_dir, "capacity"))
@@ -253,6 +254,7 @@ def run_route_mesh(args: argparse.Namespace) -> None:
             row = summarize(policy, load, traffic, spec, records, seconds, counts) | {
                 "rate_rps": load * capacity, "reasons": reasons}
             rows.append(row)
+            requests[f"{policy} {load:.1f}"] = _per_request(traffic, records)
             cdfs[f"{policy} {load:.1f}"] = sorted(r.first - r.start for r in records.values()
                                                   if r.ok and r.first is not None)
             print(report.table([row]).splitlines()[-1] + f"   failed {row['failed']} {reasons}", flush=True)
@@ -263,9 +265,24 @@ def run_route_mesh(args: argparse.Namespace) -> None:
         print(line)
     out = Path(args.out)
     meta = {"bench": "route-mesh", "capacity_rps": capacity, "traffic": traffic.spec.__dict__,
-            "spec": spec.__dict__, "oracle_computed": traffic.oracle_computed(bs)}
+            "spec": spec.__dict__, "oracle_computed": traffic.oracle_computed(bs), "requests": requests}
     written = report.write(rows, out, meta, cdfs)
     print(f"wrote {out}, " + ", ".join(map(str, written)))
+
+
+def _per_request(traffic: Traffic, records: dict[int, Record]) -> list[dict[str, Any]]:
+    """Each request's timeline, for finding what a percentile is made of (misses, later
+    turns, the queue)."""
+    out = []
+    for job in traffic.jobs:
+        r = records.get(job.index)
+        if r is None:
+            continue
+        out.append({"job": job.index, "session": job.session, "turn": job.turn, "prompt": len(job.tokens),
+                    "cached": r.cached_tokens, "sent_s": round(r.start, 4), "error": r.error,
+                    "ttft_ms": round(1000 * (r.first - r.start), 1) if r.first is not None else None,
+                    "e2e_ms": round(1000 * (r.end - r.start), 1) if r.end is not None else None})
+    return out
 
 
 def _sub(log_dir: str, name: str) -> str:

@@ -48,7 +48,7 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
         elif name == "route-sim":
             from pdmesh.bench.routing.sim_command import run_route_sim as bench
         elif name == "route-mesh":
-            from pdmesh.bench.routing.mesh_run import run_route_mesh as bench
+            from pdmesh.bench.routing.mesh_command import run_route_mesh as bench
         else:
             from pdmesh.bench.tracing import run_tracing_bench as bench
         bench(args)
@@ -127,7 +127,7 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     broute.set_defaults(func=_bench("route-sim"))
     bmesh_route = bsub.add_parser("route-mesh", help="routing policies on a real mesh (2 prefill + 1 decode) "
                                   "with Poisson arrivals at fractions of its measured capacity")
-    from pdmesh.bench.routing.mesh_run import add_arguments as add_route_mesh
+    from pdmesh.bench.routing.mesh_command import add_arguments as add_route_mesh
 
     add_route_mesh(bmesh_route)
     bmesh_route.set_defaults(func=_bench("route-mesh"))

@@ -51,9 +51,10 @@ def summarize(policy: str, workers: int, load: float, ttfts: list[float], prompt
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'policy':<13} " + " ".join(f"{label:>10}" for _, label, _ in COLUMNS)]
+    width = max([13, *(len(r["policy"]) for r in rows)])
+    lines = [f"{'policy':<{width}} " + " ".join(f"{label:>10}" for _, label, _ in COLUMNS)]
     for r in rows:
-        lines.append(f"{r['policy']:<13} " + " ".join(f"{fmt.format(r[k]):>10}" for k, _, fmt in COLUMNS))
+        lines.append(f"{r['policy']:<{width}} " + " ".join(f"{fmt.format(r[k]):>10}" for k, _, fmt in COLUMNS))
     return "\n".join(lines)
 
 

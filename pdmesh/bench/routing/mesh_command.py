@@ -1,0 +1,120 @@
+"""``pdmesh bench route-mesh``: its options, the capacity run, the (load, policy) runs and
+the report. How one run is measured is in ``mesh_run.py``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pdmesh.bench.routing import report
+from pdmesh.bench.routing.mesh_run import (
+    POLICIES,
+    MeshRunSpec,
+    per_request,
+    prefill_pool_blocks,
+    run_policy,
+    summarize,
+)
+from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model folder (required)")
+    p.add_argument("--dtype", default="float32", help="(default: %(default)s)")
+    p.add_argument("--policies", default=POLICIES, help="prefill policies to compare (default: %(default)s)")
+    p.add_argument("--loads", default="0.5,0.7,0.9", help="arrival rate / measured capacity (default: %(default)s)")
+    p.add_argument("--capacity", type=float, default=0.0,
+                   help="requests/s the mesh sustains; 0 = measure it first (default: 0)")
+    p.add_argument("--capacity-policy", default="cache_aware", help="policy of that measurement (default: %(default)s)")
+    p.add_argument("--prefill", type=int, default=2, help="prefill workers (default: %(default)s)")
+    p.add_argument("--decode", type=int, default=1, help="decode workers (default: %(default)s)")
+    p.add_argument("--decode-policies", default="holder",
+                   help="decode policies to compare, e.g. holder,least_loaded with --decode 2 (default: %(default)s)")
+    p.add_argument("--kvstore", action="store_true", help="add the shared kvstore tier")
+    p.add_argument("--num-requests", type=int, default=160, help="(default: %(default)s)")
+    p.add_argument("--groups", type=int, default=12, help="shared prefixes (default: %(default)s)")
+    p.add_argument("--prefix-len", type=int, default=512, help="(default: %(default)s; 0 = uniform random prompts)")
+    p.add_argument("--suffix-len", type=int, default=64, help="(default: %(default)s)")
+    p.add_argument("--chat-share", type=float, default=0.3, help="(default: %(default)s)")
+    p.add_argument("--turns", type=int, default=3, help="(default: %(default)s)")
+    p.add_argument("--turn-len", type=int, default=48, help="(default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=16, help="(default: %(default)s)")
+    p.add_argument("--zipf", type=float, default=1.1, help="prefix popularity (default: %(default)s)")
+    p.add_argument("--pool-factor", type=float, default=MeshRunSpec.pool_factor,
+                   help="prefill pools together / shared-prefix blocks (default: %(default)s)")
+    p.add_argument("--inflight-prompts", type=int, default=MeshRunSpec.inflight_prompts,
+                   help="longest prompts' worth of blocks each prefill pool gets beyond its share of the "
+                        "prefixes (default: %(default)s)")
+    p.add_argument("--think-s", type=float, default=MeshRunSpec.think_s, help="(default: %(default)s)")
+    p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--log-dir", default="", help="keep the meshes' logs here (default: temporary)")
+    p.add_argument("--out", default="bench-results/route-mesh.json", help="JSON; PNGs beside it (default: %(default)s)")
+
+
+def run_route_mesh(args: argparse.Namespace) -> None:
+    from pdmesh.model.config import ModelConfig
+
+    vocab = min(8192, ModelConfig.from_dir(args.model).vocab_size)
+    traffic = build_traffic(TrafficSpec(
+        num_requests=args.num_requests, groups=max(1, args.groups), prefix_len=args.prefix_len,
+        zipf=args.zipf, suffix_len=args.suffix_len, chat_share=args.chat_share, turns=args.turns,
+        turn_len=args.turn_len, output_len=args.output_len, seed=args.seed, vocab=vocab))
+    spec = MeshRunSpec(args.model, args.dtype, args.prefill, args.decode, kvstore=args.kvstore, pool_factor=args.pool_factor,
+                       inflight_prompts=args.inflight_prompts,
+                       think_s=args.think_s, slo_s=args.slo_ms / 1000, seed=args.seed)
+    bs = spec.block_size
+    print(f"traffic: {len(traffic.jobs)} requests ({len(traffic.starts)} starts), {traffic.prompt_tokens} prompt "
+          f"tokens, oracle computes {traffic.oracle_computed(bs)}; {traffic.spec.groups} prefixes of "
+          f"{traffic.spec.prefix_len} tokens = {traffic.spec.groups * (traffic.spec.prefix_len // bs)} blocks; "
+          f"prefill pools {prefill_pool_blocks(traffic, spec)} blocks each", flush=True)
+    capacity = args.capacity
+    rows: list[dict[str, Any]] = []
+    cdfs: dict[str, list[float]] = {}
+    requests: dict[str, list[dict[str, Any]]] = {}
+    if not capacity:
+        records, seconds, counts, reasons = run_policy(traffic, replace(spec, think_s=0.0), args.capacity_policy,
+                                                       float("inf"), _sub(args.log_dir, "capacity"))
+        failed = [r.error for r in records.values() if r.error]
+        if failed:
+            raise SystemExit(f"capacity run: {len(failed)} requests failed ({failed[0]}); its rate would mean nothing")
+        capacity = len(traffic.jobs) / seconds
+        rows.append(summarize(args.capacity_policy, float("inf"), traffic, spec, records, seconds, counts)
+                    | {"capacity_run": True, "reasons": reasons})
+        print(f"capacity ({args.capacity_policy}, everything at once): {len(traffic.jobs)} requests in "
+              f"{seconds:.1f} s = {capacity:.2f} req/s", flush=True)
+    starts_share = len(traffic.starts) / len(traffic.jobs)
+    decode_policies = args.decode_policies.split(",")
+    for load in [float(x) for x in args.loads.split(",")]:
+        for policy in args.policies.split(","):
+            for decode_policy in decode_policies:
+                label = policy if len(decode_policies) == 1 else f"{policy}+{decode_policy}"
+                records, seconds, counts, reasons = run_policy(
+                    traffic, spec, policy, load * capacity * starts_share, _sub(args.log_dir, f"{label}-{load}"),
+                    decode_policy)
+                row = summarize(label, load, traffic, spec, records, seconds, counts) | {
+                    "decode_policy": decode_policy, "rate_rps": load * capacity, "reasons": reasons}
+                rows.append(row)
+                requests[f"{label} {load:.1f}"] = per_request(traffic, records)
+                cdfs[f"{label} {load:.1f}"] = sorted(r.first - r.start for r in records.values()
+                                                     if r.ok and r.first is not None)
+                print(report.table([row]).splitlines()[-1] + f"   KV {row['kv_mib_sent']} MiB, failed "
+                      f"{row['failed']} {reasons}", flush=True)
+    measured = [r for r in rows if not r.get("capacity_run")]
+    print()
+    print(report.table(rows))
+    for line in report.versus(measured):
+        print(line)
+    for r in measured:
+        print(f"{r['policy']} load {r['load']:.1f}: KV written to decode workers {r['kv_mib_sent']} MiB")
+    out = Path(args.out)
+    meta = {"bench": "route-mesh", "capacity_rps": capacity, "traffic": traffic.spec.__dict__,
+            "spec": spec.__dict__, "oracle_computed": traffic.oracle_computed(bs), "requests": requests}
+    written = report.write(rows, out, meta, cdfs)
+    print(f"wrote {out}, " + ", ".join(map(str, written)))
+
+
+def _sub(log_dir: str, name: str) -> str:
+    return str(Path(log_dir) / name) if log_dir else ""

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inflight-prompts", type=int, default=MeshRunSpec.inflight_prompts,
                    help="longest prompts' worth of blocks each prefill pool gets beyond its share of the "
                         "prefixes (default: %(default)s)")
+    p.add_argument("--prefill-arg", action="append", default=[],
+                   help="an extra flag for the prefill workers, e.g. --prefill-arg=--max-num-batched-tokens=512 "
+                        "(repeatable; default: none)")
     p.add_argument("--think-s", type=float, default=MeshRunSpec.think_s, help="(default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
@@ -63,7 +66,7 @@ def run_route_mesh(args: argparse.Namespace) -> None:
         zipf=args.zipf, suffix_len=args.suffix_len, chat_share=args.chat_share, turns=args.turns,
         turn_len=args.turn_len, output_len=args.output_len, seed=args.seed, vocab=vocab))
     spec = MeshRunSpec(args.model, args.dtype, args.prefill, args.decode, kvstore=args.kvstore, pool_factor=args.pool_factor,
-                       inflight_prompts=args.inflight_prompts,
+                       inflight_prompts=args.inflight_prompts, prefill_args=tuple(args.prefill_arg),
                        think_s=args.think_s, slo_s=args.slo_ms / 1000, seed=args.seed)
     bs = spec.block_size
     print(f"traffic: {len(traffic.jobs)} requests ({len(traffic.starts)} starts), {traffic.prompt_tokens} prompt "

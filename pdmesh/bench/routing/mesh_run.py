@@ -47,6 +47,8 @@ class MeshRunSpec:
     """Mean pause (exponential) between a conversation's answer and its next turn."""
     slo_s: float = 2.0
     seed: int = 0
+    prefill_args: tuple[str, ...] = ()
+    """Extra flags for the prefill workers (e.g. a smaller ``--max-num-batched-tokens``)."""
 
 
 @dataclass
@@ -150,7 +152,7 @@ def run_policy(traffic: Traffic, spec: MeshRunSpec, policy: str, starts_rate: fl
     pool = prefill_pool_blocks(traffic, spec)
     worker = ["--dtype", spec.dtype, "--block-size", str(spec.block_size)]
     mesh_spec = MeshSpec(model=spec.model, prefill=spec.prefill, decode=spec.decode, kvstore=int(spec.kvstore),
-                         worker_args=worker, prefill_args=["--num-blocks", str(pool)],
+                         worker_args=worker, prefill_args=["--num-blocks", str(pool), *spec.prefill_args],
                          decode_args=["--num-blocks", str(decode_pool_blocks(traffic, spec))],
                          router_args=["--prefill-policy", policy, "--decode-policy", decode_policy,
                                       "--info-interval-s", "0.2"],

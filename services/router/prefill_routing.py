@@ -80,12 +80,12 @@ class PrefillRouter:
         finally:
             self.last_lookup_s = time.perf_counter() - began
         tier = 0
-        indexed: dict[str, tuple[str, int]] = {}
+        indexed: dict[str, dict[str, int]] = {}
         for (wid, epoch), n in found.items():
             if wid.startswith("kvstore"):
                 tier = max(tier, n)
-            else:
-                indexed[wid] = (epoch, n)
+            else:  # a restarted worker can be listed under its old epoch and its new one
+                indexed.setdefault(wid, {})[epoch] = n
         matched = _holding(candidates, indexed, self.recent.depths(hashes))
         return {w.worker_id: n for w, n in matched.items()}, tier, list(matched)
 
@@ -98,10 +98,10 @@ class PrefillRouter:
                 f"({self.index_fallbacks} lookups fell back to consistent hashing)")
 
 
-def _holding(candidates: list[WorkerHandle], indexed: dict[str, tuple[str, int]],
+def _holding(candidates: list[WorkerHandle], indexed: dict[str, dict[str, int]],
              recent: dict[str, int]) -> dict[WorkerHandle, int]:
     """The candidates holding leading blocks of the prompt, and how many: the index's
-    count (``indexed``: worker id -> (epoch, blocks)), which counts only under the worker's
+    count (``indexed``: worker id -> {epoch: blocks}), which counts only under the worker's
     current epoch (a restarted worker lost its cache), or the router's recent routes to it,
     whichever is more. One pass over the candidates, none when nobody holds the prompt."""
     if not indexed and not recent:
@@ -113,8 +113,7 @@ def _holding(candidates: list[WorkerHandle], indexed: dict[str, tuple[str, int]]
         wid = info.worker_id if info is not None else w.address
         if wid not in wanted:
             continue
-        entry = indexed.get(wid)
-        n = entry[1] if entry is not None and info is not None and entry[0] == info.epoch else 0
+        n = indexed.get(wid, {}).get(info.epoch, 0) if info is not None else 0
         n = max(n, recent.get(wid, 0))
         if n:
             out[w] = n

@@ -104,7 +104,8 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         return w
 
     async def main() -> None:
-        for wid, epoch, n in (("p0", "e1", 6), ("p1", "old", 5), ("p2", "e1", 4)):
+        # p0 restarted too: its old epoch's longer entry must not count, whichever comes first.
+        for wid, epoch, n in (("p0", "e1", 6), ("p0", "old", 9), ("p1", "old", 5), ("p2", "e1", 4)):
             await IndexPublisher(redis_url, wid, epoch, f"x:{wid}").apply([BlockStored(tuple(CHAIN[:n]), None)])
         router = PrefillRouter(build_policy("cache_aware", RouterConfig(model="m")), PrefixIndex(redis_url), 16)
         p0, p1, p2, p3 = handle("p0", "e1"), handle("p1", "e1"), handle("p2", "e1"), handle("p3", "e1")

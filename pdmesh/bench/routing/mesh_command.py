@@ -4,6 +4,7 @@ the report. How one run is measured is in ``mesh_run.py``."""
 from __future__ import annotations
 
 import argparse
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--think-s", type=float, default=MeshRunSpec.think_s, help="(default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="repeat every (load, policy) on this many traffic seeds (seed, seed + 1, ...); the "
+                        "capacity is measured once, on the first (default: %(default)s)")
     p.add_argument("--log-dir", default="", help="keep the meshes' logs here (default: temporary)")
     p.add_argument("--out", default="bench-results/route-mesh.json", help="JSON; PNGs beside it (default: %(default)s)")
 
@@ -88,28 +92,36 @@ def run_route_mesh(args: argparse.Namespace) -> None:
                     | {"capacity_run": True, "reasons": reasons})
         print(f"capacity ({args.capacity_policy}, everything at once): {len(traffic.jobs)} requests in "
               f"{seconds:.1f} s = {capacity:.2f} req/s", flush=True)
-    starts_share = len(traffic.starts) / len(traffic.jobs)
     decode_policies = args.decode_policies.split(",")
-    for load in [float(x) for x in args.loads.split(",")]:
-        for policy in args.policies.split(","):
-            for decode_policy in decode_policies:
-                label = policy if len(decode_policies) == 1 else f"{policy}+{decode_policy}"
-                records, seconds, counts, reasons = run_policy(
-                    traffic, spec, policy, load * capacity * starts_share, _sub(args.log_dir, f"{label}-{load}"),
-                    decode_policy)
-                row = summarize(label, load, traffic, spec, records, seconds, counts) | {
-                    "decode_policy": decode_policy, "rate_rps": load * capacity, "reasons": reasons}
-                rows.append(row)
-                requests[f"{label} {load:.1f}"] = per_request(traffic, records)
-                cdfs[f"{label} {load:.1f}"] = sorted(r.first - r.start for r in records.values()
-                                                     if r.ok and r.first is not None)
-                print(report.table([row]).splitlines()[-1] + f"   KV {row['kv_mib_sent']} MiB, failed "
-                      f"{row['failed']} {reasons}", flush=True)
+    for k in range(args.seeds):
+        # Another seed: other prefixes, conversations and arrival times of the same shape.
+        run_traffic = traffic if k == 0 else build_traffic(replace(traffic.spec, seed=args.seed + k))
+        starts_share = len(run_traffic.starts) / len(run_traffic.jobs)
+        for load in [float(x) for x in args.loads.split(",")]:
+            for policy in args.policies.split(","):
+                for decode_policy in decode_policies:
+                    label = policy if len(decode_policies) == 1 else f"{policy}+{decode_policy}"
+                    key = f"{label} {load:.1f}" + (f" seed {args.seed + k}" if args.seeds > 1 else "")
+                    records, seconds, counts, reasons = run_policy(
+                        run_traffic, replace(spec, seed=args.seed + k), policy, load * capacity * starts_share,
+                        _sub(args.log_dir, key.replace(" ", "-")), decode_policy)
+                    row = summarize(label, load, run_traffic, spec, records, seconds, counts) | {
+                        "decode_policy": decode_policy, "rate_rps": load * capacity, "reasons": reasons}
+                    if args.seeds > 1:
+                        row["seed"] = args.seed + k
+                    rows.append(row)
+                    requests[key] = per_request(run_traffic, records)
+                    cdfs[key] = sorted(r.first - r.start for r in records.values() if r.ok and r.first is not None)
+                    print(report.table([row]).splitlines()[-1] + f"   KV {row['kv_mib_sent']} MiB, failed "
+                          f"{row['failed']} {reasons}", flush=True)
     measured = [r for r in rows if not r.get("capacity_run")]
     print()
     print(report.table(rows))
     for line in report.versus(measured):
         print(line)
+    if args.seeds > 1:
+        for line in _over_seeds(measured):
+            print(line)
     for r in measured:
         print(f"{r['policy']} load {r['load']:.1f}: KV written to decode workers {r['kv_mib_sent']} MiB")
     out = Path(args.out)
@@ -117,6 +129,18 @@ def run_route_mesh(args: argparse.Namespace) -> None:
             "spec": spec.__dict__, "oracle_computed": traffic.oracle_computed(bs), "requests": requests}
     written = report.write(rows, out, meta, cdfs)
     print(f"wrote {out}, " + ", ".join(map(str, written)))
+
+
+def _over_seeds(rows: list[dict[str, Any]]) -> list[str]:
+    """Per (load, policy): TTFT p90 and computed / oracle of every seed, and their medians."""
+    out = []
+    for key in dict.fromkeys((r["load"], r["policy"]) for r in rows):
+        mine = [r for r in rows if (r["load"], r["policy"]) == key]
+        p90 = [round(r["ttft_p90_ms"]) for r in mine]
+        ratio = [round(r["computed_vs_oracle"], 2) for r in mine]
+        out.append(f"load {key[0]:.1f} {key[1]}: TTFT p90 ms {p90} (median {statistics.median(p90):.0f}), "
+                   f"computed / oracle {ratio} (median {statistics.median(ratio):.2f})")
+    return out
 
 
 def _sub(log_dir: str, name: str) -> str:

@@ -107,7 +107,9 @@ async def drive(address: str, traffic: Traffic, rate: float, think_s: float, see
                 ) -> tuple[dict[int, Record], float]:
     """Send every job: first turns and independent requests at Poisson ``rate`` of starts
     (inf: all at once), each conversation's next turn ``think_s`` (mean, exponential) after
-    its previous answer. Returns each job's record and the wall time of the whole run."""
+    its previous answer. Returns each job's record and the wall time of the whole run.
+    Arrival gaps and think times are drawn apart (each job's from its own seed), so every
+    policy sees the same arrivals whatever order its requests finish in."""
     rng = random.Random(seed)
     target = GrpcTarget(address)
     records: dict[int, Record] = {}
@@ -117,7 +119,7 @@ async def drive(address: str, traffic: Traffic, rate: float, think_s: float, see
         rec = records[job.index] = Record(time.perf_counter(), prompt_tokens=len(job.tokens))
         await target.send(job.tokens, job.output_len, rec)
         if job.next_turn is not None:
-            pause = rng.expovariate(1 / think_s) if think_s > 0 else 0.0
+            pause = random.Random(seed * 1_000_003 + job.index).expovariate(1 / think_s) if think_s > 0 else 0.0
             spawn(job.next_turn, pause)
 
     def spawn(job: Job, delay: float) -> None:

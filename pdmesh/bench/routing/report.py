@@ -59,14 +59,16 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def versus(rows: list[dict[str, Any]], policy: str = "cache_aware") -> list[str]:
-    """How ``policy`` compares with each other policy at each (workers, load)."""
+    """How ``policy`` compares with each other policy at each (workers, load, seed)."""
     out = []
     for r in rows:
         if r["policy"] != policy:
             continue
         for o in rows:
-            if o["policy"] != policy and (o["workers"], o["load"]) == (r["workers"], r["load"]):
-                out.append(f"{r['workers']} workers, load {r['load']:.1f}: {o['policy']} / {policy} "
+            if o["policy"] != policy and (o["workers"], o["load"], o.get("seed")) == (
+                    r["workers"], r["load"], r.get("seed")):
+                seed = f", seed {r['seed']}" if "seed" in r else ""
+                out.append(f"{r['workers']} workers, load {r['load']:.1f}{seed}: {o['policy']} / {policy} "
                            f"TTFT p90 {o['ttft_p90_ms'] / r['ttft_p90_ms']:.2f}x, p50 "
                            f"{o['ttft_p50_ms'] / r['ttft_p50_ms']:.2f}x, computed tokens "
                            f"{o['computed_tokens'] / r['computed_tokens']:.2f}x")

@@ -18,7 +18,16 @@ from pdmesh.bench.routing.mesh_run import (
     run_policy,
     summarize,
 )
-from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
+from pdmesh.bench.routing.traffic import (
+    TrafficSpec,
+    add_traffic_arguments,
+    build_traffic,
+    traffic_from_arguments,
+)
+
+TRAFFIC = TrafficSpec(num_requests=160, groups=12, prefix_len=512, suffix_len=64, chat_share=0.3, turns=3,
+                      turn_len=48, output_len=16)
+"""Scaled to what 2 prefill + 1 decode workers on 2 cores serve in a minute or two."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,15 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-policies", default="holder",
                    help="decode policies to compare, e.g. holder,least_loaded with --decode 2 (default: %(default)s)")
     p.add_argument("--kvstore", action="store_true", help="add the shared kvstore tier")
-    p.add_argument("--num-requests", type=int, default=160, help="(default: %(default)s)")
-    p.add_argument("--groups", type=int, default=12, help="shared prefixes (default: %(default)s)")
-    p.add_argument("--prefix-len", type=int, default=512, help="(default: %(default)s; 0 = uniform random prompts)")
-    p.add_argument("--suffix-len", type=int, default=64, help="(default: %(default)s)")
-    p.add_argument("--chat-share", type=float, default=0.3, help="(default: %(default)s)")
-    p.add_argument("--turns", type=int, default=3, help="(default: %(default)s)")
-    p.add_argument("--turn-len", type=int, default=48, help="(default: %(default)s)")
-    p.add_argument("--output-len", type=int, default=16, help="(default: %(default)s)")
-    p.add_argument("--zipf", type=float, default=1.1, help="prefix popularity (default: %(default)s)")
+    add_traffic_arguments(p, TRAFFIC)  # --prefix-len 0: uniform random prompts
     p.add_argument("--pool-factor", type=float, default=MeshRunSpec.pool_factor,
                    help="prefill pools together / shared-prefix blocks (default: %(default)s)")
     p.add_argument("--inflight-prompts", type=int, default=MeshRunSpec.inflight_prompts,
@@ -53,7 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(repeatable; default: none)")
     p.add_argument("--think-s", type=float, default=MeshRunSpec.think_s, help="(default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     p.add_argument("--seeds", type=int, default=1,
                    help="repeat every (load, policy) on this many traffic seeds (seed, seed + 1, ...); the "
                         "capacity is measured once, on the first (default: %(default)s)")
@@ -65,10 +65,7 @@ def run_route_mesh(args: argparse.Namespace) -> None:
     from pdmesh.model.config import ModelConfig
 
     vocab = min(8192, ModelConfig.from_dir(args.model).vocab_size)
-    traffic = build_traffic(TrafficSpec(
-        num_requests=args.num_requests, groups=max(1, args.groups), prefix_len=args.prefix_len,
-        zipf=args.zipf, suffix_len=args.suffix_len, chat_share=args.chat_share, turns=args.turns,
-        turn_len=args.turn_len, output_len=args.output_len, seed=args.seed, vocab=vocab))
+    traffic = build_traffic(replace(traffic_from_arguments(args, TRAFFIC), groups=max(1, args.groups), vocab=vocab))
     spec = MeshRunSpec(args.model, args.dtype, args.prefill, args.decode, kvstore=args.kvstore, pool_factor=args.pool_factor,
                        inflight_prompts=args.inflight_prompts, prefill_args=tuple(args.prefill_arg),
                        think_s=args.think_s, slo_s=args.slo_ms / 1000, seed=args.seed)

@@ -9,12 +9,16 @@ cost at that scale.
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdmesh.bench.routing import report
-from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
+from pdmesh.bench.routing.traffic import (
+    TrafficSpec,
+    add_traffic_arguments,
+    build_traffic,
+    traffic_from_arguments,
+)
 from pdmesh.bench.stats import pct
 from services.router.config import RouterConfig
 
@@ -38,10 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests simulated per prefill worker (default: %(default)s)")
     p.add_argument("--groups-per-worker", type=float, default=2.0,
                    help="shared-prefix groups per prefill worker (default: %(default)s)")
-    for f in fields(TrafficSpec):
-        if f.name not in ("num_requests", "groups", "vocab"):
-            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                           help=f"traffic: {f.name} (default: %(default)s)")
+    add_traffic_arguments(p, TrafficSpec(), skip=("num_requests", "groups"))
     p.add_argument("--pool-factor", type=float, default=1.5,
                    help="all pools together / the traffic's distinct blocks (default: %(default)s)")
     p.add_argument("--kvstore-blocks", type=int, default=0, help="shared kvstore tier, 0 = none (default: %(default)s)")
@@ -67,10 +68,9 @@ def run_route_sim(args: argparse.Namespace) -> None:
     rows, cdfs = [], {}
     try:
         for workers in [int(w) for w in args.workers.split(",")]:
-            traffic = build_traffic(TrafficSpec(
-                num_requests=args.requests_per_worker * workers, groups=max(1, int(args.groups_per_worker * workers)),
-                **{f.name: getattr(args, f.name) for f in fields(TrafficSpec)
-                   if f.name not in ("num_requests", "groups", "vocab")}))
+            traffic = build_traffic(traffic_from_arguments(
+                args, TrafficSpec(), num_requests=args.requests_per_worker * workers,
+                groups=max(1, int(args.groups_per_worker * workers))))
             for load in [float(x) for x in args.loads.split(",")]:
                 for policy in args.policies.split(","):
                     spec = SimSpec(prefill_workers=workers, s_per_token=costs.s_per_token,

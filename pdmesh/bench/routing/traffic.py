@@ -13,8 +13,10 @@ simulator and a real mesh see exactly the same prompts and the oracle can be com
 
 from __future__ import annotations
 
+import argparse
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from pdmesh.kv.block_hash import BlockHasher
 
@@ -116,3 +118,19 @@ def build_traffic(spec: TrafficSpec) -> Traffic:
                 previous.next_turn = job
             previous = job
     return Traffic(spec, starts, jobs)
+
+
+def add_traffic_arguments(p: argparse.ArgumentParser, defaults: TrafficSpec, skip: tuple[str, ...] = ()) -> None:
+    """One ``--field`` option per ``TrafficSpec`` field (but ``vocab`` and ``skip``), with
+    the benchmark's own defaults: route-sim and route-mesh describe traffic alike."""
+    for f in fields(TrafficSpec):
+        if f.name != "vocab" and f.name not in skip:
+            default = getattr(defaults, f.name)
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default,
+                           help=f"traffic: {f.name} (default: %(default)s)")
+
+
+def traffic_from_arguments(args: argparse.Namespace, defaults: TrafficSpec, **given: Any) -> TrafficSpec:
+    """The spec ``add_traffic_arguments`` options describe; ``given`` for the skipped fields."""
+    return replace(defaults, **{f.name: getattr(args, f.name) for f in fields(TrafficSpec)
+                                if f.name != "vocab" and f.name not in given}, **given)

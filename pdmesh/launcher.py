@@ -94,8 +94,8 @@ class Mesh:
     # -- start ------------------------------------------------------------------------
     def start(self) -> Mesh:
         try:
-            if self.spec.splits_cpu_cores():  # fresh slots, even in a reused log folder
-                create_share_file(self.core_share_file, self.spec.prefill + self.spec.decode)
+            # Fresh slots, even in a reused log folder (the first worker spawned creates them).
+            self.core_share_file.unlink(missing_ok=True)
             if not self.spec.redis_url:
                 self.start_redis()
             if self.spec.kvstore:
@@ -163,8 +163,8 @@ class Mesh:
             args += ["--threads", str(share)]
             if self.spec.splits_cpu_cores():
                 slot = index + (self.spec.prefill if role == "decode" else 0)
-                if not self.core_share_file.exists():  # workers spawned without start()
-                    create_share_file(self.core_share_file, self.spec.prefill + self.spec.decode)
+                if not self.core_share_file.exists():
+                    create_share_file(self.core_share_file, workers)
                 args += ["--core-share", f"{self.core_share_file}:{slot}"]
         args += ["--redis-url", self.redis_url]  # membership (and, on prefill, the index)
         if role == "prefill" and self.kvstore:

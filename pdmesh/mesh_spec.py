@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+COLOCATED_PREFILL_BUSY_REQUESTS = 4
+"""``--prefill-busy-requests`` for workers that split one machine's cores."""
+
 
 @dataclass
 class MeshSpec:
@@ -35,7 +38,6 @@ class MeshSpec:
     tls_key: str = ""
     tls_ca: str = ""
 
-
     def splits_cpu_cores(self) -> bool:
         """Whether the launcher divides this machine's cores between the workers (no
         ``--threads`` given, more than one worker, on CPU) and lets idle ones lend theirs."""
@@ -55,5 +57,3 @@ class MeshSpec:
             return []
         return ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS)]
 
-
-COLOCATED_PREFILL_BUSY_REQUESTS = 4

@@ -208,6 +208,9 @@ class AsyncLLMEngine:
     async def shutdown(self) -> None:
         self._stopping = True
         self._work.set()
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, 30)
+        if self.core_share is not None and (thread is None or not thread.is_alive()):
+            self.core_share.close()  # a stopped worker's cores are its peers' from now on
+            self.core_share = None

@@ -97,13 +97,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         """Collect NIXL notifications (transfer ids) on the transfer poller's thread, every
         2 ms while a reservation awaits its KV, so a busy event loop does not delay its
         arrival. Polling also drives UCX progress for writes into this worker's pool, so it
-        never stops: a write whose reservation has lapsed must still complete, not hang."""
-        poller = self.core.transfers.poller
-        poller.deliver_notifs(self.reservations.notified, self.reservations.awaiting_kv)
-        try:
-            await asyncio.Future()  # runs until the worker stops
-        finally:
-            poller.close()
+        never stops: a write whose reservation has lapsed must still complete, not hang
+        (the worker closes the poller when it stops)."""
+        self.core.transfers.poller.deliver_notifs(self.reservations.notified, self.reservations.awaiting_kv)
+        await asyncio.Future()  # runs until the worker stops
 
     # -- generation -------------------------------------------------------------------
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802

@@ -80,6 +80,7 @@ async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
     async def stop_background() -> None:
         await cancel_all(tasks)
         await core.aeng.shutdown()
+        core.transfers.poller.close()
 
     await serve_until_signal(server, ws.health, names, cfg.drain_grace_s, stop_background,
                              before_drain=leave)

@@ -161,3 +161,28 @@ def test_async_streams_deltas_and_cancellation_frees_blocks(engine: LLMEngine) -
 
     asyncio.run(main())
     assert_no_leak(engine)
+
+
+def test_a_stopped_engine_leaves_its_cores_to_its_peers(engine: LLMEngine, tmp_path: Path) -> None:
+    """``shutdown`` releases the engine's slot idle, whether or not it had gone idle
+    itself: a peer on the same machine takes both shares from its next step on."""
+    from pdmesh.engine.core_share import CoreShare, create_share_file
+
+    path = tmp_path / "cores"
+    create_share_file(path, 2)
+    peer_threads: list[int] = []
+    peer = CoreShare(path, 1, 1, 2, peer_threads.append)
+
+    async def main() -> None:
+        aeng = AsyncLLMEngine(engine)
+        aeng.core_share = CoreShare(path, 0, 1, 2, lambda n: None)
+        params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        async for _ in aeng.generate(mixed_prompts(1, seed=3)[0], params, request_id="cores"):
+            pass
+        share = aeng.core_share
+        await aeng.shutdown()
+        assert aeng.core_share is None and share._map.closed  # released, its slot left idle
+
+    asyncio.run(main())
+    assert peer.busy() == 2
+    assert peer_threads == [2]

@@ -21,7 +21,8 @@ from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
 log = logging.getLogger(__name__)
-SOURCES = tuple(Path(__file__).parent / "csrc" / f for f in ("module.cpp", "paged_attention.cpp", "elementwise.cpp"))
+SOURCES = tuple(Path(__file__).parent / "csrc" / f
+                for f in ("module.cpp", "paged_attention.cpp", "elementwise.cpp", "linear_rows.cpp"))
 HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h",))
 
 

@@ -19,16 +19,27 @@ MM_MAX_ROWS = 256
 """Up to this many rows (decode batches, verified drafts, short prefills) ``linear`` takes
 the transposed product; prefill chunks above it keep ``F.linear``'s row-major output,
 which the attention and elementwise kernels after it read faster (docs/performance.md)."""
+KERNEL_MAX_ROWS = 31
+"""Up to this many rows ``linear`` runs pdmesh's own product (``linear_rows``) where the
+CPU kernels have it. Whole decode steps on our machines: 1.2-1.7x faster at 1 to 31
+sequences; at 32, 48 and 64, where MKL's kernel is at its best, 0.91-0.98x, at 40 1.09x
+(docs/performance.md, section 12)."""
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``. On CPU, for up to ``MM_MAX_ROWS`` flattened tokens,
-    computed as ``(weight @ x.T).T``: the same products, but MKL's kernel for a tall weight
-    times a few columns is 1.2-2.6x faster than ``F.linear``'s few-rows path at 1 to 256
-    rows on our AMD machines (docs/performance.md, "Linear layers"). The result is a
-    transposed view, which every consumer here accepts. Elsewhere (CUDA, 3-D inputs, long
-    prefill chunks) it is ``F.linear``."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           kernels: ModuleType | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``. On CPU, for up to ``KERNEL_MAX_ROWS`` flattened float32
+    tokens and with ``kernels`` that have it, pdmesh's ``linear_rows`` kernel; for up to
+    ``MM_MAX_ROWS``, computed as ``(weight @ x.T).T``: the same products, but MKL's kernel
+    for a tall weight times a few columns is 1.2-2.6x faster than ``F.linear``'s few-rows
+    path at 1 to 256 rows on our AMD machines (docs/performance.md, "Linear layers"). The
+    result is then a transposed view, which every consumer here accepts. Elsewhere (CUDA,
+    3-D inputs, long prefill chunks) it is ``F.linear``."""
     if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
+        if (x.shape[0] <= KERNEL_MAX_ROWS and kernels is not None and hasattr(kernels, "linear_rows")
+                and x.dtype == torch.float32 and weight.dtype == torch.float32):
+            y = kernels.linear_rows(x, weight)
+            return y.add_(bias) if bias is not None else y
         y = torch.mm(weight, x.t()).t()
         return y + bias if bias is not None else y
     return nn.functional.linear(x, weight, bias)
@@ -38,8 +49,11 @@ class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, so Hugging Face weights load unchanged) computed
     with ``linear`` above."""
 
+    kernels: ModuleType | None = None
+    """The CPU kernels when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.kernels)
 
 
 class RMSNorm(nn.Module):

@@ -90,12 +90,16 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
+        self.kernels: ModuleType | None = None
+        """The CPU kernels when the engine runs them (``use_kernels``)."""
 
     def use_kernels(self, kernels: ModuleType | None) -> None:
-        """Run norms, rotary embedding and SiLU x up with pdmesh's fused CPU kernels (the module
-        ``pdmesh.attention.cpu_kernels.load`` returns), or with torch ops (None)."""
+        """Run norms, rotary embedding, SiLU x up and few-row linear products with pdmesh's
+        CPU kernels (the module ``pdmesh.attention.cpu_kernels.load`` returns), or with torch
+        ops (None)."""
+        self.kernels = kernels
         for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, GatedMLP)):
+            if isinstance(m, (RMSNorm, Attention, GatedMLP, Linear)):
                 m.kernels = kernels
 
     @torch.inference_mode()
@@ -115,7 +119,7 @@ class LlamaForCausalLM(nn.Module):
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
         h = self.norm(h[logits_indices])
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return linear(h, weight).float()
+        return linear(h, weight, kernels=self.kernels).float()
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -2,15 +2,24 @@
 // source file of its concept.
 #include <torch/extension.h>
 
+#include "vec_math.h"
+
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& block_tables,
                         const at::Tensor& seq_lens, double scale);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void silu_mul_(at::Tensor& gate, const at::Tensor& up);
+#ifdef PDMESH_AVX2
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w);
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV pool (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows in one pass (CPU)");
   m.def("rope_", &rope_, "rotary embedding in place, rotate-half form (CPU, float32)");
   m.def("silu_mul_", &silu_mul_, "gate = silu(gate) * up in place (CPU, float32)");
+#ifdef PDMESH_AVX2
+  // Only where it is built for: the model keeps MKL's product everywhere else.
+  m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x (CPU, float32, AVX2)");
+#endif
 }

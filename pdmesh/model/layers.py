@@ -21,9 +21,9 @@ the transposed product; prefill chunks above it keep ``F.linear``'s row-major ou
 which the attention and elementwise kernels after it read faster (docs/performance.md)."""
 KERNEL_MAX_ROWS = 31
 """Up to this many rows ``linear`` runs pdmesh's own product (``linear_rows``) where the
-CPU kernels have it. Whole decode steps on our machines: 1.2-1.7x faster at 1 to 31
-sequences; at 32, 48 and 64, where MKL's kernel is at its best, 0.91-0.98x, at 40 1.09x
-(docs/performance.md, section 12)."""
+CPU kernels have it. Whole decode steps on our machines: 1.1-1.7x faster than with MKL's
+product at 1 to 31 sequences; at 32, 48 and 64, where MKL's kernel is at its best, ours
+gave 0.91-0.98x, at 40 1.09x (docs/performance.md, section 12)."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -37,7 +37,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     3-D inputs, long prefill chunks) it is ``F.linear``."""
     if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
         if (x.shape[0] <= KERNEL_MAX_ROWS and kernels is not None and hasattr(kernels, "linear_rows")
-                and x.dtype == torch.float32 and weight.dtype == torch.float32):
+                and x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.is_contiguous()):
             y = kernels.linear_rows(x, weight)
             return y.add_(bias) if bias is not None else y
         y = torch.mm(weight, x.t()).t()

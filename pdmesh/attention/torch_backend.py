@@ -45,10 +45,10 @@ class TorchAttentionBackend:
         if nd:
             out[:nd] = self._decode(q[:nd], kv_layer, meta, scale)
         for p in meta.prefills:
-            qs = q[p.q_start : p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
+            qs = _rows(q, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
             if p.mask is None:
-                ks = k[p.q_start : p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
-                vs = v[p.q_start : p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
+                ks = _rows(k, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
+                vs = _rows(v, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
             else:
                 ks = _gather(kv_layer[:, 0], p.block_ids, p.ctx_len).unsqueeze(0)
                 vs = _gather(kv_layer[:, 1], p.block_ids, p.ctx_len).unsqueeze(0)
@@ -98,6 +98,16 @@ class TorchAttentionBackend:
                               device=self._device)
             self._buffers[name] = buf
         return buf[:numel]
+
+
+def _rows(x: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """Tokens ``[start, start + length)`` of ``x`` [tokens, heads, head_dim], with a
+    contiguous head_dim: torch's CPU flash attention takes nothing else and falls back to
+    its unfused math path (two bmms, a masked softmax, several passes) otherwise, which a
+    transposed linear product (``layers.linear``, up to 256 rows) hands over. Measured in a
+    step with a 64-token chunk over a 512-token cached prefix: docs/performance.md, section 12."""
+    rows = x[start : start + length]
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, ctx_len: int) -> torch.Tensor:

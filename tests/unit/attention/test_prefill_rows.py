@@ -21,7 +21,6 @@ def test_prefill_attention_gets_rows_with_a_contiguous_head_dim_from_a_transpose
     assert rows.stride(-1) == 1 and torch.equal(rows, transposed[8:28])
     assert _rows(rows, 0, 5).data_ptr() == rows.data_ptr()  # already contiguous: no copy
 
-
     def kernels_for(t: torch.Tensor) -> set[str]:
         q = t[:, :8].transpose(0, 1).unsqueeze(0)
         with profile() as prof:

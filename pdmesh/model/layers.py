@@ -8,6 +8,7 @@ decoding on random-weight models is sensitive to the last ulp.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -26,34 +27,43 @@ product at 1 to 31 sequences; at 32, 48 and 64, where MKL's kernel is at its bes
 gave 0.91-0.98x, at 40 1.09x (docs/performance.md, section 12)."""
 
 
+FewRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``linear_rows(x, weight) -> x @ weight.T`` from the CPU kernels (``csrc/linear_rows.cpp``)."""
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           kernels: ModuleType | None = None) -> torch.Tensor:
+           few_rows: FewRows | None = None) -> torch.Tensor:
     """``x @ weight.T + bias``. On CPU, for up to ``KERNEL_MAX_ROWS`` flattened float32
-    tokens and with ``kernels`` that have it, pdmesh's ``linear_rows`` kernel; for up to
+    tokens, ``few_rows`` when given (pdmesh's kernel, ``few_rows_kernel``); for up to
     ``MM_MAX_ROWS``, computed as ``(weight @ x.T).T``: the same products, but MKL's kernel
     for a tall weight times a few columns is 1.2-2.6x faster than ``F.linear``'s few-rows
     path at 1 to 256 rows on our AMD machines (docs/performance.md, "Linear layers"). The
     result is then a transposed view, which every consumer here accepts. Elsewhere (CUDA,
     3-D inputs, long prefill chunks) it is ``F.linear``."""
     if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
-        if (x.shape[0] <= KERNEL_MAX_ROWS and kernels is not None and hasattr(kernels, "linear_rows")
-                and x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.is_contiguous()):
-            y = kernels.linear_rows(x, weight)
+        if (few_rows is not None and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype == torch.float32
+                and weight.dtype == torch.float32 and weight.is_contiguous()):
+            y = few_rows(x, weight)
             return y.add_(bias) if bias is not None else y
         y = torch.mm(weight, x.t()).t()
         return y + bias if bias is not None else y
     return nn.functional.linear(x, weight, bias)
 
 
+def few_rows_kernel(kernels: ModuleType | None) -> FewRows | None:
+    """The CPU kernels' few-row product, where they were built with it (AVX2 + FMA)."""
+    return getattr(kernels, "linear_rows", None)
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, so Hugging Face weights load unchanged) computed
     with ``linear`` above."""
 
-    kernels: ModuleType | None = None
-    """The CPU kernels when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
+    few_rows: FewRows | None = None
+    """The CPU kernels' few-row product when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.kernels)
+        return linear(x, self.weight, self.bias, self.few_rows)
 
 
 class RMSNorm(nn.Module):

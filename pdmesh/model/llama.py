@@ -17,11 +17,13 @@ from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import (
+    FewRows,
     GatedMLP,
     Linear,
     RMSNorm,
     RotaryEmbedding,
     apply_rope_,
+    few_rows_kernel,
     linear,
 )
 
@@ -90,17 +92,19 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
-        self.kernels: ModuleType | None = None
-        """The CPU kernels when the engine runs them (``use_kernels``)."""
+        self.few_rows: FewRows | None = None
+        """The CPU kernels' few-row product for the LM head (``use_kernels``)."""
 
     def use_kernels(self, kernels: ModuleType | None) -> None:
         """Run norms, rotary embedding, SiLU x up and few-row linear products with pdmesh's
         CPU kernels (the module ``pdmesh.attention.cpu_kernels.load`` returns), or with torch
         ops (None)."""
-        self.kernels = kernels
+        self.few_rows = few_rows_kernel(kernels)
         for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, GatedMLP, Linear)):
+            if isinstance(m, (RMSNorm, Attention, GatedMLP)):
                 m.kernels = kernels
+            elif isinstance(m, Linear):
+                m.few_rows = self.few_rows
 
     @torch.inference_mode()
     def forward(
@@ -119,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
         h = self.norm(h[logits_indices])
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return linear(h, weight, kernels=self.kernels).float()
+        return linear(h, weight, few_rows=self.few_rows).float()
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -109,11 +109,10 @@ def _holding(candidates: list[WorkerHandle], indexed: dict[str, dict[str, int]],
     wanted = indexed.keys() | recent.keys()
     out: dict[WorkerHandle, int] = {}
     for w in candidates:
-        info = w.info
-        wid = info.worker_id if info is not None else w.address
+        wid = w.worker_id
         if wid not in wanted:
             continue
-        n = indexed.get(wid, {}).get(info.epoch, 0) if info is not None else 0
+        n = indexed.get(wid, {}).get(w.info.epoch, 0) if w.info is not None else 0
         n = max(n, recent.get(wid, 0))
         if n:
             out[w] = n

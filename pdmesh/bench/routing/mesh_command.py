@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from dataclasses import replace
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -94,23 +95,22 @@ def run_route_mesh(args: argparse.Namespace) -> None:
         # Another seed: other prefixes, conversations and arrival times of the same shape.
         run_traffic = traffic if k == 0 else build_traffic(replace(traffic.spec, seed=args.seed + k))
         starts_share = len(run_traffic.starts) / len(run_traffic.jobs)
-        for load in [float(x) for x in args.loads.split(",")]:
-            for policy in args.policies.split(","):
-                for decode_policy in decode_policies:
-                    label = policy if len(decode_policies) == 1 else f"{policy}+{decode_policy}"
-                    key = f"{label} {load:.1f}" + (f" seed {args.seed + k}" if args.seeds > 1 else "")
-                    records, seconds, counts, reasons = run_policy(
-                        run_traffic, replace(spec, seed=args.seed + k), policy, load * capacity * starts_share,
-                        _sub(args.log_dir, key.replace(" ", "-")), decode_policy)
-                    row = summarize(label, load, run_traffic, spec, records, seconds, counts) | {
-                        "decode_policy": decode_policy, "rate_rps": load * capacity, "reasons": reasons}
-                    if args.seeds > 1:
-                        row["seed"] = args.seed + k
-                    rows.append(row)
-                    requests[key] = per_request(run_traffic, records)
-                    cdfs[key] = sorted(r.first - r.start for r in records.values() if r.ok and r.first is not None)
-                    print(report.table([row]).splitlines()[-1] + f"   KV {row['kv_mib_sent']} MiB, failed "
-                          f"{row['failed']} {reasons}", flush=True)
+        runs = product([float(x) for x in args.loads.split(",")], args.policies.split(","), decode_policies)
+        for load, policy, decode_policy in runs:
+            label = policy if len(decode_policies) == 1 else f"{policy}+{decode_policy}"
+            key = f"{label} {load:.1f}" + (f" seed {args.seed + k}" if args.seeds > 1 else "")
+            records, seconds, counts, reasons = run_policy(
+                run_traffic, replace(spec, seed=args.seed + k), policy, load * capacity * starts_share,
+                _sub(args.log_dir, key.replace(" ", "-")), decode_policy)
+            row = summarize(label, load, run_traffic, spec, records, seconds, counts) | {
+                "decode_policy": decode_policy, "rate_rps": load * capacity, "reasons": reasons}
+            if args.seeds > 1:
+                row["seed"] = args.seed + k
+            rows.append(row)
+            requests[key] = per_request(run_traffic, records)
+            cdfs[key] = sorted(r.first - r.start for r in records.values() if r.ok and r.first is not None)
+            print(report.table([row]).splitlines()[-1] + f"   KV {row['kv_mib_sent']} MiB, failed "
+                  f"{row['failed']} {reasons}", flush=True)
     measured = [r for r in rows if not r.get("capacity_run")]
     print()
     print(report.table(rows))

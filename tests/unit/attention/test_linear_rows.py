@@ -11,7 +11,7 @@ import torch
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.cpu import cpu_flags
 from pdmesh.engine.llm import LLM
-from pdmesh.model.layers import KERNEL_MAX_ROWS, MM_MAX_ROWS, Linear
+from pdmesh.model.layers import KERNEL_MAX_ROWS, MM_MAX_ROWS, Linear, few_rows_kernel
 
 KERNELS = load()
 AVX2 = {"avx2", "fma"} <= set(cpu_flags().split())
@@ -54,7 +54,7 @@ def test_linear_takes_the_kernel_only_for_few_rows(rows: int) -> None:
     x = torch.randn(rows, 64)
     reference = torch.nn.functional.linear(x, layer.weight, layer.bias)
     plain = layer(x)
-    layer.kernels = KERNELS
+    layer.few_rows = few_rows_kernel(KERNELS)
     with torch.inference_mode():
         fused = layer(x)
     torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-5)
@@ -67,7 +67,9 @@ def test_linear_takes_the_kernel_only_for_few_rows(rows: int) -> None:
 
 def test_the_cpu_backend_gives_every_linear_layer_and_the_lm_head_the_kernels(llama_dir: Path) -> None:
     model = LLM(str(llama_dir), dtype="float32", num_blocks=16, attention_backend="cpu").engine.runner.model
+    expected = few_rows_kernel(KERNELS)
+    assert (expected is not None) == AVX2  # elsewhere every product stays MKL's
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    assert linears and all(m.kernels is KERNELS for m in linears)
-    assert model.kernels is KERNELS  # the LM head's product (tied or not) goes through linear() too
+    assert linears and all(m.few_rows is expected for m in linears)
+    assert model.few_rows is expected  # the LM head's product (tied or not) goes through linear() too
 

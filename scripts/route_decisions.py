@@ -21,6 +21,7 @@ import random
 import sys
 import time
 
+from pdmesh.bench.stats import pct
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
@@ -36,8 +37,7 @@ BS = 16
 
 
 def _ms(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return 1000 * ordered[int(q * (len(ordered) - 1))]
+    return 1000 * pct(values, q)
 
 
 async def run(url: str, workers: int, preload: int, profile: bool) -> None:

@@ -60,3 +60,24 @@ def abort_response(rid: str, prompt_tokens: int, completion_tokens: int) -> gene
         request_id=rid, finish_reason=common_pb2.FINISH_REASON_ABORT,
         usage=generate_pb2.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
     )
+
+
+def first_token_response(prefill_response: Any) -> generate_pb2.GenerateResponse:
+    """The caller's message for the first token, from a ``PrefillResponse`` that rendered
+    its text (``first_text``)."""
+    resp = generate_pb2.GenerateResponse(token_ids=[prefill_response.first_token_id],
+                                         text=prefill_response.first_text)
+    if prefill_response.HasField("first_logprob"):
+        resp.logprobs.append(prefill_response.first_logprob)
+    return resp
+
+
+def without_first_token(resp: Any, text: str) -> generate_pb2.GenerateResponse:
+    """``resp`` less its first token, that token's logprobs and ``text``, its rendering."""
+    rest = generate_pb2.GenerateResponse()
+    rest.CopyFrom(resp)
+    del rest.token_ids[:1]
+    if rest.logprobs:
+        del rest.logprobs[:1]
+    rest.text = resp.text[len(text):]
+    return rest

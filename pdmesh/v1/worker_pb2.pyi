@@ -145,7 +145,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., destination: _Optional[_Union[KvHandle, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms")
+    __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms", "first_text", "first_stopped")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,8 @@ class PrefillResponse(_message.Message):
     BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TEXT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STOPPED_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     first_logprob: _common_pb2.TokenLogprob
     cached_tokens: int
@@ -160,7 +162,9 @@ class PrefillResponse(_message.Message):
     bytes_transferred: int
     prefill_ms: float
     transfer_ms: float
-    def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., blocks_transferred: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ...) -> None: ...
+    first_text: str
+    first_stopped: bool
+    def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., blocks_transferred: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ..., first_text: _Optional[str] = ..., first_stopped: _Optional[bool] = ...) -> None: ...
 
 class RenewLeaseRequest(_message.Message):
     __slots__ = ("request_id", "lease_ms")

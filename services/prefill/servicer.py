@@ -56,6 +56,9 @@ class PrefillJob:
     transfer_timeout_s: float
     span: Any
     started: float = 0.0
+    user_stops: bool = False
+    """The user asked for stop strings: the first token's text may be held back by the
+    decode worker's detokenizer, so it is not rendered here."""
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -83,7 +86,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         bind_request(rid, span)
         job = PrefillJob(rid, ids, params, dest,
                          min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
-                         span, time.perf_counter())
+                         span, time.perf_counter(), user_stops=bool(user.stop))
         try:
             return await self._run(job)
         except Exception as exc:
@@ -163,7 +166,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             blocks_transferred=sent_blocks, bytes_transferred=moved,
             prefill_ms=1000 * (computed_at - job.started),
             transfer_ms=1000 * (time.perf_counter() - computed_at),
+            first_stopped=comp.finish_reason == "stop",  # EOS or a stop token: max_tokens is 1
         )
+        if not job.user_stops:
+            resp.first_text = comp.text
         if comp.logprobs:
             resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
         return resp

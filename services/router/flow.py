@@ -6,7 +6,8 @@ Lifecycle (the methods below, in this order):
                 healthy prefill worker under ``fallback_local``, prefills on the decode
                 worker instead (``GenerateLocal``);
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
-  3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token;
+  3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token,
+                streamed to the caller at once where its text is certain (first_token.py);
                 if it is unreachable the reservation is released, the worker marked down
                 and the next attempt routes to another (at most ``PREFILL_ATTEMPTS``);
   4. decode   — the decode worker's stream is relayed to the caller; if that worker fails
@@ -33,7 +34,7 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.router import reservation
+from services.router import first_token, reservation
 from services.router.caller_stream import caller_stream
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
@@ -77,6 +78,8 @@ class RequestFlow:
     """Decode workers that failed this request mid-stream."""
     hashes: list[BlockHash] = field(default_factory=list)
     """The prompt's block hashes, computed once in ``run`` for both routing decisions."""
+    decode_answered: bool = False
+    """A decode worker's stream has sent a message (its reservation is claimed)."""
 
     def _decode(self) -> WorkerHandle:
         if self.decode is None:
@@ -192,19 +195,39 @@ class RequestFlow:
         return response, handle
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
-        call = decode_stub(self._decode().address).Decode(
-            messages.decode_request(self.request_id, prefill_response, handle),
-            metadata=self.metadata, timeout=self.left(),
-        )
-        async for resp in self._decoded(call):
-            yield resp
+        """The first token straight from ``prefill_response`` where its text is certain
+        (``first_token``), then the decode worker's stream."""
+        d_stub = decode_stub(self._decode().address)
+        relayed = first_token.early(prefill_response, self.params)
+        try:
+            if relayed is not None:
+                self.streamed_tokens.extend(relayed.token_ids)
+                self.streamed_chars += len(relayed.text)
+                yield relayed
+            call = d_stub.Decode(messages.decode_request(self.request_id, prefill_response, handle),
+                                 metadata=self.metadata, timeout=self.left())
+            async for resp in self._decoded(call, relayed):
+                yield resp
+        except BaseException:
+            if relayed is not None and not self.decode_answered:
+                # The caller left (or the call failed) after the streamed first token but
+                # before the decode worker claimed the reservation, which its Decode may
+                # never have reached: give it back now, not at the end of its lease.
+                await reservation.give_back(d_stub, self.request_id)
+            raise
 
-    async def _decoded(self, call: Any) -> AsyncIterator[Any]:
-        """Relay a decode stream; when its worker fails mid-stream, continue on another."""
+    async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
+        """Relay a decode stream (less ``relayed``, the first token when the caller has it
+        already); when its worker fails mid-stream, continue on another."""
         migrations = 0
         while True:
             try:
                 async for resp in self._relay(call):
+                    self.decode_answered = True
+                    if relayed is not None:
+                        resp, relayed = first_token.after(resp, relayed, self.request_id), None
+                        if resp is None:
+                            continue
                     self.streamed_tokens.extend(resp.token_ids)
                     self.streamed_chars += len(resp.text)
                     yield resp
@@ -214,6 +237,7 @@ class RequestFlow:
                         or migrations >= self.core.cfg.max_migrations):
                     raise
                 migrations += 1
+                relayed = None  # the next worker resumes after every token streamed so far
                 call = self._migrate(exc)
 
     def _replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:

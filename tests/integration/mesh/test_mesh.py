@@ -98,7 +98,10 @@ def test_random_cancellations_leave_no_block_anywhere(mesh: Mesh, client: Client
     with ThreadPoolExecutor(20) as pool:
         list(pool.map(one, range(100)))
     assert len(completed) >= 30
-    state = wait_idle(mesh)
+    # Sooner than the 10 s lease: the cancellations freed every block, not the lease reaper
+    # (a caller leaving right after a first token streamed from the prefill's answer, before
+    # the Decode call claims the reservation, gives it back too).
+    state = wait_idle(mesh, timeout=8)
     for name, info in state.items():
         assert info.used_blocks == 0 and info.num_handoffs == 0, name
         assert info.free_blocks == info.num_blocks, name
@@ -214,3 +217,24 @@ def test_grpc_n_priority_stop_string_and_detokenize(client: Client) -> None:
     assert kept.finish_reason == "stop" and kept.text.endswith(word)
     ids = client.tokenize("def main():")
     assert client.detokenize(ids, skip_special_tokens=True) == "def main():"
+
+
+def test_first_token_streamed_from_prefill_matches_the_decode_workers_rendering(client: Client) -> None:
+    """The router streams the first token from the prefill worker's answer unless stop
+    strings are set; a stop string that never occurs takes the decode worker's rendering
+    of it instead. Both streams must be the same tokens, text and logprobs, with the first
+    token once."""
+    prompt = "def main():\n    print("
+
+    def stream(**extra):  # type: ignore[no-untyped-def]
+        chunks = list(client.generate(prompt, max_tokens=12, temperature=0, logprobs=2, **extra))
+        tokens = [t for c in chunks for t in c.token_ids]
+        logprobs = [(lp.token_id, round(lp.logprob, 4)) for c in chunks for lp in c.logprobs]
+        return chunks, tokens, "".join(c.text for c in chunks), logprobs
+
+    early, tokens, text, logprobs = stream()
+    late, tokens_late, text_late, logprobs_late = stream(stop=["\x00never"])
+    assert len(early[0].token_ids) == 1 and not early[0].finish_reason
+    assert tokens == tokens_late and len(tokens) == 12 == early[-1].usage.completion_tokens
+    assert text == text_late and text
+    assert logprobs == logprobs_late and [t for t, _ in logprobs] == tokens

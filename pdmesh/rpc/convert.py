@@ -15,13 +15,13 @@ _OPTIONAL_FIELDS = (
     "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
     "n", "priority", "include_stop_str_in_output", "num_speculative_tokens",
 )
-_FINISH = {
+FINISH_CODES = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
     "stop": common_pb2.FINISH_REASON_STOP,
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
-FINISH_NAMES = {v: k for k, v in _FINISH.items()}
+FINISH_NAMES = {v: k for k, v in FINISH_CODES.items()}
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams, **overrides: Any) -> SamplingParams:
@@ -115,7 +115,7 @@ def response_from_output(
     if comp.logprobs:
         resp.logprobs.extend(logprob_to_proto(lp) for lp in comp.logprobs)
     if out.finished:
-        resp.finish_reason = _FINISH[comp.finish_reason]
+        resp.finish_reason = FINISH_CODES[comp.finish_reason]
         if comp.stop_reason is not None:
             resp.stop_reason = str(comp.stop_reason)
         resp.usage.prompt_tokens = len(out.prompt_token_ids)

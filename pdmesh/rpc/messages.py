@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdmesh.rpc.convert import sampling_to_proto
+from pdmesh.rpc.convert import FINISH_CODES, sampling_to_proto
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 
@@ -62,13 +62,21 @@ def abort_response(rid: str, prompt_tokens: int, completion_tokens: int) -> gene
     )
 
 
-def first_token_response(prefill_response: Any) -> generate_pb2.GenerateResponse:
+def first_token_response(prefill_response: Any, finish: str | None = None, stop_reason: str = "",
+                         prompt_tokens: int = 0, cached_tokens: int = 0) -> generate_pb2.GenerateResponse:
     """The caller's message for the first token, from a ``PrefillResponse`` that rendered
-    its text (``first_text``)."""
+    its text (``first_text``); with ``finish``, the last message of a request that ends
+    with it (its usage as the decode worker would report it)."""
     resp = generate_pb2.GenerateResponse(token_ids=[prefill_response.first_token_id],
                                          text=prefill_response.first_text)
     if prefill_response.HasField("first_logprob"):
         resp.logprobs.append(prefill_response.first_logprob)
+    if finish is not None:
+        resp.finish_reason = FINISH_CODES[finish]
+        resp.stop_reason = stop_reason
+        resp.usage.prompt_tokens = prompt_tokens
+        resp.usage.completion_tokens = 1
+        resp.usage.cached_tokens = cached_tokens
     return resp
 
 

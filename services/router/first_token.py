@@ -8,9 +8,10 @@ soon as ``Prefill`` returns, and takes it out of the decode worker's first messa
 
 Only where both renderings are the same by construction: the prefill worker detokenizes
 the token with the engine's own detokenizer (``first_text``), which is what the decode
-worker emits unless stop strings may hold text back; a token that ends the request (EOS,
-a stop token, ``max_tokens`` of 1) keeps the old path, so its finish reason and usage come
-in the same message as always.
+worker emits unless stop strings may hold text back. A token that ends the request (EOS,
+a stop token, ``max_tokens`` of 1) becomes the last message, with the finish reason, stop
+reason and usage the decode worker would have sent, and the reservation is given back
+without a ``Decode`` call.
 """
 
 from __future__ import annotations
@@ -24,12 +25,18 @@ from pdmesh.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 
 
-def early(prefill: Any, params: SamplingParams) -> Any | None:
-    """The caller's first message from a ``PrefillResponse``, or None to wait for the
-    decode worker's (stop strings, a token that ends the request, an older prefill worker
-    that does not render the text)."""
-    if params.stop or params.max_tokens <= 1 or prefill.first_stopped or not prefill.HasField("first_text"):
+def early(prefill: Any, params: SamplingParams, prompt_tokens: int, cached_tokens: int) -> Any | None:
+    """The caller's first message from a ``PrefillResponse`` (its last, with finish reason
+    and usage, when the token ends the request), or None to wait for the decode worker's:
+    stop strings, or an older prefill worker that does not render the text."""
+    if params.stop or not prefill.HasField("first_text"):
         return None
+    token = prefill.first_token_id
+    if prefill.first_stopped:  # EOS or a stop token, as the engine's finish_status decides
+        stop_reason = str(token) if token in params.stop_token_ids else ""
+        return messages.first_token_response(prefill, "stop", stop_reason, prompt_tokens, cached_tokens)
+    if params.max_tokens <= 1:
+        return messages.first_token_response(prefill, "length", "", prompt_tokens, cached_tokens)
     return messages.first_token_response(prefill)
 
 

@@ -196,13 +196,22 @@ class RequestFlow:
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
         """The first token straight from ``prefill_response`` where its text is certain
-        (``first_token``), then the decode worker's stream."""
+        (``first_token``), then the decode worker's stream; no ``Decode`` at all when that
+        token ends the request."""
         d_stub = decode_stub(self._decode().address)
-        relayed = first_token.early(prefill_response, self.params)
+        relayed = first_token.early(prefill_response, self.params, len(self.prompt),
+                                    max(handle.cached_tokens, prefill_response.cached_tokens))
+        if relayed is not None:
+            self.streamed_tokens.extend(relayed.token_ids)
+            self.streamed_chars += len(relayed.text)
+            if relayed.finish_reason:  # it ends the request: the decode worker has nothing to add
+                try:
+                    yield relayed
+                finally:
+                    await reservation.give_back(d_stub, self.request_id)
+                return
         try:
             if relayed is not None:
-                self.streamed_tokens.extend(relayed.token_ids)
-                self.streamed_chars += len(relayed.text)
                 yield relayed
             call = d_stub.Decode(messages.decode_request(self.request_id, prefill_response, handle),
                                  metadata=self.metadata, timeout=self.left())

@@ -20,15 +20,26 @@ def _prefill(text: str | None = " the", stopped: bool = False, logprob: bool = F
 
 def test_streamed_early_only_where_the_text_is_certain() -> None:
     plain = SamplingParams(max_tokens=8, temperature=0)
-    got = first_token.early(_prefill(logprob=True), plain)
+    got = first_token.early(_prefill(logprob=True), plain, 10, 0)
     assert got is not None and list(got.token_ids) == [42] and got.text == " the"
     assert len(got.logprobs) == 1 and got.logprobs[0].token_id == 42
-    assert not got.finish_reason
-    assert first_token.early(_prefill(""), plain).text == ""  # an incomplete character: no text yet
-    assert first_token.early(_prefill(), SamplingParams(max_tokens=8, stop=("x",))) is None
-    assert first_token.early(_prefill(), SamplingParams(max_tokens=1)) is None  # it ends the request
-    assert first_token.early(_prefill(stopped=True), plain) is None  # EOS / a stop token
-    assert first_token.early(_prefill(text=None), plain) is None  # a worker that did not render it
+    assert not got.finish_reason and not got.HasField("usage")
+    assert first_token.early(_prefill(""), plain, 10, 0).text == ""  # an incomplete character: no text yet
+    assert first_token.early(_prefill(), SamplingParams(max_tokens=8, stop=("x",)), 10, 0) is None
+    assert first_token.early(_prefill(text=None), plain, 10, 0) is None  # a worker that did not render it
+
+
+def test_a_first_token_that_ends_the_request_is_its_last_message() -> None:
+    """Finish reason, stop reason and usage as the decode worker's engine reports them."""
+    one = first_token.early(_prefill(), SamplingParams(max_tokens=1), 10, 4)
+    assert one.finish_reason == common_pb2.FINISH_REASON_LENGTH and one.stop_reason == ""
+    assert (one.usage.prompt_tokens, one.usage.completion_tokens, one.usage.cached_tokens) == (10, 1, 4)
+    going_on = first_token.early(_prefill(""), SamplingParams(max_tokens=8), 10, 0)
+    assert not going_on.finish_reason
+    eos = first_token.early(_prefill("", stopped=True), SamplingParams(max_tokens=8), 10, 0)
+    assert eos.finish_reason == common_pb2.FINISH_REASON_STOP and eos.stop_reason == ""
+    stop_id = first_token.early(_prefill(stopped=True), SamplingParams(max_tokens=8, stop_token_ids=(42,)), 10, 0)
+    assert stop_id.finish_reason == common_pb2.FINISH_REASON_STOP and stop_id.stop_reason == "42"
 
 
 def test_the_decode_workers_first_message_loses_the_streamed_token() -> None:

@@ -10,9 +10,10 @@ then for fresh prompts sent one at a time alternates three ways of getting the f
 - ``local``: ``GenerateLocal`` on the decode worker, which prefills the prompt itself (one
   hop and the engine: the floor the mesh is measured against).
 
-Requests are 2.5 x ``LEND_AFTER_IDLE_S`` apart: a prefill that starts within that hold of
-the other worker's last engine step finds its cores not lent and runs on half the machine
-(a 256-token prompt on 2 cores: ~245 ms instead of ~140), which would swamp the hops.
+Requests are 2.5 x ``LEND_AFTER_IDLE_S`` apart (``--gap-ms``): a prefill that starts within
+that hold of the other worker's last engine step finds its cores not lent and runs on half
+the machine (a 256-token prompt on 2 cores: ~245 ms instead of ~140; ``--gap-ms 50
+--verbose`` shows it), which would swamp the hops.
 
     .venv/bin/python scripts/lone_ttft_hops.py --model .cache/models/small-llama [--n 16]
 """
@@ -74,7 +75,7 @@ async def _local(mesh: Mesh, prompt: list[int], rid: str) -> dict[str, float]:
     return {"ttft": t1 - t0}
 
 
-async def _run(mesh: Mesh, n: int, plen: int, seed: int, verbose: bool) -> None:
+async def _run(mesh: Mesh, n: int, plen: int, seed: int, gap_s: float, verbose: bool) -> None:
     rng = random.Random(seed)
     client = AsyncClient(mesh.router_address)  # one channel, kept, as a caller keeps it
     ways = {"router": lambda p, r: _router(client, p, r),
@@ -88,8 +89,7 @@ async def _run(mesh: Mesh, n: int, plen: int, seed: int, verbose: bool) -> None:
             res = await ways[way](prompt, f"hops-{way}-{i}")
             if i >= 0:
                 results[way].append(res)
-            # Past the engines' idle hold, so each prefill finds its peer's cores lent.
-            await asyncio.sleep(2.5 * LEND_AFTER_IDLE_S)
+            await asyncio.sleep(gap_s)
     await client.close()
     print(f"{n} prompts of {plen} tokens each way, one at a time (ms, p50 / p90)")
     for way, rows in results.items():
@@ -107,13 +107,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gap-ms", type=float, default=2500 * LEND_AFTER_IDLE_S,
+                    help="between requests; the default is past the engines' idle hold, so each "
+                         "prefill finds its peer's cores lent")
     ap.add_argument("--verbose", action="store_true", help="print every request's TTFT")
     args = ap.parse_args()
     spec = MeshSpec(model=args.model, prefill=1, decode=1,
                     worker_args=["--dtype", args.dtype, "--num-blocks", "2048"])
     spec.router_args += spec.colocated_router_args()
     with Mesh(spec) as mesh:
-        asyncio.run(_run(mesh, args.n, args.prompt_len, args.seed, args.verbose))
+        asyncio.run(_run(mesh, args.n, args.prompt_len, args.seed, args.gap_ms / 1000,
+                         args.verbose))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ then for fresh prompts sent one at a time alternates three ways of getting the f
   ``Prefill`` on the prefill worker (its response says how long it computed and
   transferred), the first message of ``Decode`` — each timed;
 - ``local``: ``GenerateLocal`` on the decode worker, which prefills the prompt itself (one
-  hop and the engine: the floor the mesh is measured against).
+  hop and the engine: the floor the mesh is measured against);
+then, once the mesh has stopped, ``in process``: the same number of fresh prompts through
+an engine in this process on every core, one at a time with the same gap (what ``pdmesh
+bench mesh`` measures the lone request against).
 
 Requests are 2.5 x ``LEND_AFTER_IDLE_S`` apart (``--gap-ms``): a prefill that starts within
 that hold of the other worker's last engine step finds its cores not lent and runs on half
@@ -100,6 +103,23 @@ async def _run(mesh: Mesh, n: int, plen: int, seed: int, gap_s: float, verbose: 
             print("          every ttft:", " ".join(f"{1000 * r['ttft']:.0f}" for r in rows))
 
 
+def _in_process(model: str, dtype: str, n: int, plen: int, seed: int, gap_s: float) -> None:
+    import os
+
+    from pdmesh.bench.engine import _run_engine
+    from pdmesh.engine.llm_engine import LLMEngine
+
+    rng = random.Random(seed + 1)
+    engine = LLMEngine.from_model(model, dtype=dtype, num_blocks=2048, threads=os.cpu_count() or 1)
+    ttfts = []
+    for i in range(-2, n):
+        ttft = _run_engine(engine, [[rng.randrange(10, 1000) for _ in range(plen)]], 1)["ttft_p50"]
+        if i >= 0:
+            ttfts.append(ttft)
+        time.sleep(gap_s)
+    print(f"  in process ttft       {1000 * pct(ttfts, 0.5):8.2f} {1000 * pct(ttfts, 0.9):8.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
@@ -110,14 +130,19 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=2500 * LEND_AFTER_IDLE_S,
                     help="between requests; the default is past the engines' idle hold, so each "
                          "prefill finds its peer's cores lent")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads per worker (default: pdmesh up's core shares, lent while idle)")
     ap.add_argument("--verbose", action="store_true", help="print every request's TTFT")
     args = ap.parse_args()
-    spec = MeshSpec(model=args.model, prefill=1, decode=1,
-                    worker_args=["--dtype", args.dtype, "--num-blocks", "2048"])
+    worker_args = ["--dtype", args.dtype, "--num-blocks", "2048"]
+    if args.threads:  # fixed threads per worker: no core shares, nothing lent
+        worker_args += ["--threads", str(args.threads)]
+    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=worker_args)
     spec.router_args += spec.colocated_router_args()
     with Mesh(spec) as mesh:
         asyncio.run(_run(mesh, args.n, args.prompt_len, args.seed, args.gap_ms / 1000,
                          args.verbose))
+    _in_process(args.model, args.dtype, args.n, args.prompt_len, args.seed, args.gap_ms / 1000)
 
 
 if __name__ == "__main__":

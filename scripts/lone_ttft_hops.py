@@ -45,37 +45,37 @@ async def _router(client: AsyncClient, prompt: list[int], rid: str) -> dict[str,
     raise RuntimeError(f"{rid}: the router streamed no token")
 
 
-async def _direct(mesh: Mesh, prompt: list[int], rid: str) -> dict[str, float]:
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
-    d = decode_stub(mesh.decode[0].address)
-    p = prefill_stub(mesh.prefill[0].address)
-    t0 = time.perf_counter()
-    handle = await d.Reserve(messages.reserve_request(rid, prompt, params, 30_000), timeout=30)
-    t1 = time.perf_counter()
-    resp = await p.Prefill(messages.prefill_request(rid, prompt, params, handle), timeout=30)
-    t2 = time.perf_counter()
-    call = d.Decode(messages.decode_request(rid, resp, handle), timeout=30)
+ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+
+async def _first_message(call) -> None:  # type: ignore[no-untyped-def]
+    """Until ``call`` streams a token; then leave it."""
     async for out in call:
         if out.token_ids:
             break
-    t3 = time.perf_counter()
     call.cancel()
+
+
+async def _direct(mesh: Mesh, prompt: list[int], rid: str) -> dict[str, float]:
+    d = decode_stub(mesh.decode[0].address)
+    p = prefill_stub(mesh.prefill[0].address)
+    t0 = time.perf_counter()
+    handle = await d.Reserve(messages.reserve_request(rid, prompt, ONE_TOKEN, 30_000), timeout=30)
+    t1 = time.perf_counter()
+    resp = await p.Prefill(messages.prefill_request(rid, prompt, ONE_TOKEN, handle), timeout=30)
+    t2 = time.perf_counter()
+    await _first_message(d.Decode(messages.decode_request(rid, resp, handle), timeout=30))
+    t3 = time.perf_counter()
     return {"ttft": t3 - t0, "reserve": t1 - t0, "prefill_call": t2 - t1,
             "prefill_compute": resp.prefill_ms / 1000, "transfer": resp.transfer_ms / 1000,
             "prefill_beyond": (t2 - t1) - resp.prefill_ms / 1000, "decode_first": t3 - t2}
 
 
 async def _local(mesh: Mesh, prompt: list[int], rid: str) -> dict[str, float]:
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     d = decode_stub(mesh.decode[0].address)
     t0 = time.perf_counter()
-    call = d.GenerateLocal(messages.reserve_request(rid, prompt, params, 30_000), timeout=30)
-    async for out in call:
-        if out.token_ids:
-            break
-    t1 = time.perf_counter()
-    call.cancel()
-    return {"ttft": t1 - t0}
+    await _first_message(d.GenerateLocal(messages.reserve_request(rid, prompt, ONE_TOKEN, 30_000), timeout=30))
+    return {"ttft": time.perf_counter() - t0}
 
 
 async def _run(mesh: Mesh, n: int, plen: int, seed: int, gap_s: float, verbose: bool) -> None:

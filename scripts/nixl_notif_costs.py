@@ -38,9 +38,10 @@ def run(run_id: int, interval: float, with_notif: bool) -> list[float]:
     from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
     from pdmesh.kv.transfer.nixl import NixlTransport
 
-    here, there = mp.get_context("spawn").Pipe()
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
     dst = f"notif-dst-{run_id}"  # fresh agent names: a closed agent's peers remember it
-    proc = mp.get_context("spawn").Process(target=_receiver, args=(there, dst, interval))
+    proc = ctx.Process(target=_receiver, args=(there, dst, interval))
     proc.start()
     meta, base = here.recv()
     pool = torch.randn(BLOCKS, BLOCK_BYTES // 4)  # registered: must outlive the agent

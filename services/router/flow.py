@@ -201,29 +201,22 @@ class RequestFlow:
         d_stub = decode_stub(self._decode().address)
         relayed = first_token.early(prefill_response, self.params, len(self.prompt),
                                     max(handle.cached_tokens, prefill_response.cached_tokens))
-        if relayed is not None:
-            self.streamed_tokens.extend(relayed.token_ids)
-            self.streamed_chars += len(relayed.text)
-            if relayed.finish_reason:  # it ends the request: the decode worker has nothing to add
-                try:
-                    yield relayed
-                finally:
-                    await reservation.give_back(d_stub, self.request_id)
-                return
         try:
             if relayed is not None:
+                self._streamed(relayed)
                 yield relayed
+                if relayed.finish_reason:
+                    return  # it ends the request: the decode worker has nothing to add
             call = d_stub.Decode(messages.decode_request(self.request_id, prefill_response, handle),
                                  metadata=self.metadata, timeout=self.left())
             async for resp in self._decoded(call, relayed):
                 yield resp
-        except BaseException:
+        finally:
             if relayed is not None and not self.decode_answered:
-                # The caller left (or the call failed) after the streamed first token but
-                # before the decode worker claimed the reservation, which its Decode may
-                # never have reached: give it back now, not at the end of its lease.
+                # No Decode claimed the reservation (none was needed, or the caller left or
+                # the call failed first, maybe before it reached the worker): give it back
+                # now, not at the end of its lease.
                 await reservation.give_back(d_stub, self.request_id)
-            raise
 
     async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
         """Relay a decode stream (less ``relayed``, the first token when the caller has it
@@ -237,8 +230,7 @@ class RequestFlow:
                         resp, relayed = first_token.after(resp, relayed, self.request_id), None
                         if resp is None:
                             continue
-                    self.streamed_tokens.extend(resp.token_ids)
-                    self.streamed_chars += len(resp.text)
+                    self._streamed(resp)
                     yield resp
                 return
             except grpc.aio.AioRpcError as exc:
@@ -248,6 +240,11 @@ class RequestFlow:
                 migrations += 1
                 relayed = None  # the next worker resumes after every token streamed so far
                 call = self._migrate(exc)
+
+    def _streamed(self, resp: Any) -> None:
+        """``resp`` goes to the caller: what a migration resumes from grows by it."""
+        self.streamed_tokens.extend(resp.token_ids)
+        self.streamed_chars += len(resp.text)
 
     def _replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
         """Leave a decode worker that failed this request (marked down unless it was only

@@ -72,4 +72,3 @@ def test_the_cpu_backend_gives_every_linear_layer_and_the_lm_head_the_kernels(ll
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(m.few_rows is expected for m in linears)
     assert model.few_rows is expected  # the LM head's product (tied or not) goes through linear() too
-

@@ -16,6 +16,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from pdmesh.engine.async_engine import AsyncLLMEngine
+from pdmesh.engine.compute_thread import build_on_passing_thread
 from pdmesh.engine.core_share import CoreShare, parse_spec
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.step_cost import TokenCost
@@ -76,7 +77,9 @@ class WorkerCore:
         self.worker_id = cfg.resolved_id(port)
         self.address = advertised(cfg.advertise_address, cfg.host, port)
         self.epoch = uuid.uuid4().hex[:12]
-        self.engine = LLMEngine(cfg.engine_config())
+        # Not on this (the event loop's) thread: the engine thread must be the process's
+        # only OpenMP pool (compute_thread.py).
+        self.engine = build_on_passing_thread(lambda: LLMEngine(cfg.engine_config()))
         self.aeng = AsyncLLMEngine(self.engine)
         if cfg.core_share:
             self.aeng.core_share = _core_share(cfg)

@@ -38,7 +38,7 @@ def build_on_passing_thread(factory: Callable[[], T], name: str = "pdmesh-load")
     def run() -> None:
         try:
             result.append(factory())
-        except BaseException as exc:  # handed to the caller, raised there
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
             error.append(exc)
 
     thread = threading.Thread(target=run, name=name, daemon=True)

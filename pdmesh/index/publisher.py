@@ -1,7 +1,10 @@
 """Worker side: push block-stored / block-removed events into Redis, in numbered batches.
 
-Events are drained from the engine's block pool every ``interval`` and applied in one
-MULTI/EXEC pipeline. When Redis is unreachable the worker keeps serving; events of the
+Events are drained from the engine's block pool and applied in one MULTI/EXEC pipeline,
+at most every ``interval``; given a ``wake`` event (set when the pool records its first
+new event), an idle publisher sleeps until then or its next heartbeat instead of waking
+every ``interval`` (50 times a second on an idle prefill worker, which slowed the
+prefills of every process beside it: docs/performance.md section 14). When Redis is unreachable the worker keeps serving; events of the
 outage are dropped and, once Redis answers again, the worker replaces everything it had
 published with a snapshot of its current prefix cache (so a restarted Redis refills).
 """
@@ -9,6 +12,7 @@ published with a snapshot of its current prefix cache (so a restarted Redis refi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -21,6 +25,8 @@ from pdmesh.index import keys
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
+HEARTBEAT_S = 0.5
+"""Between heartbeats (their TTL is ``heartbeat_ttl_ms``, several beats)."""
 
 
 class IndexPublisher:
@@ -41,17 +47,20 @@ class IndexPublisher:
         self.failures = 0
 
     async def run(self, take_events: Callable[[], list[KVEvent]],
-                  cached_hashes: Callable[[], list[bytes]]) -> None:
-        """Publish forever: ``take_events`` drains new events, ``cached_hashes`` snapshots."""
+                  cached_hashes: Callable[[], list[bytes]], wake: asyncio.Event | None = None) -> None:
+        """Publish forever: ``take_events`` drains new events, ``cached_hashes`` snapshots;
+        ``wake``, when given, is set whenever events are waiting to be taken."""
         last_beat = 0.0
         while True:
+            if wake is not None:
+                wake.clear()  # before taking: an event recorded after this sets it again
             events = take_events()
             try:
                 if not self.synced:
                     await self.snapshot(cached_hashes())
                 elif events:
                     await self.apply(events)
-                if time.monotonic() - last_beat > 0.5:
+                if time.monotonic() - last_beat >= HEARTBEAT_S:
                     await self.heartbeat()
                     last_beat = time.monotonic()
             except (RedisError, OSError) as exc:
@@ -60,6 +69,9 @@ class IndexPublisher:
                 self.synced = False
                 self.failures += 1
             await asyncio.sleep(self.interval)
+            if wake is not None and self.synced:  # out of sync: retry every interval
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), max(0.0, last_beat + HEARTBEAT_S - time.monotonic()))
 
     async def apply(self, events: list[KVEvent]) -> None:
         self.batch += 1

@@ -11,7 +11,7 @@ allocation pressure evicts them from the head of the free queue (LRU).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pdmesh.kv.block_hash import BlockHash
@@ -44,6 +44,9 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, KVBlock] = {}
         self._events: list[KVEvent] = []
+        self.on_first_event: Callable[[], None] | None = None
+        """Called when an event is recorded with none waiting to be taken (the index
+        publisher's wake-up; it must be cheap and safe on any thread)."""
         self.num_evictions = 0
 
     # -- allocation -------------------------------------------------------------------
@@ -70,7 +73,7 @@ class BlockPool:
             out.append(block)
         if evicted:
             self.num_evictions += len(evicted)
-            self._events.append(BlockRemoved(tuple(evicted)))
+            self._record(BlockRemoved(tuple(evicted)))
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
@@ -131,7 +134,7 @@ class BlockPool:
             self.cached[block_hash] = block
             stored.append(block_hash)
         if stored:
-            self._events.append(BlockStored(tuple(stored), first_parent))
+            self._record(BlockStored(tuple(stored), first_parent))
 
     def _uncache(self, block: KVBlock) -> None:
         if block.block_hash is None or self.cached.pop(block.block_hash, None) is not block:
@@ -145,8 +148,13 @@ class BlockPool:
             return False
         for block in list(self.cached.values()):
             self._uncache(block)
-        self._events.append(AllBlocksCleared())
+        self._record(AllBlocksCleared())
         return True
+
+    def _record(self, event: KVEvent) -> None:
+        self._events.append(event)
+        if len(self._events) == 1 and self.on_first_event is not None:
+            self.on_first_event()
 
     # -- observation ------------------------------------------------------------------
     def take_events(self) -> list[KVEvent]:

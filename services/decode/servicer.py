@@ -66,6 +66,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         finally:
             span.end()
         record = self.reservations.add(rid, request.lease_ms or core.cfg.lease_ms)
+        core.transfers.poller.poke()  # from the idle rate to the await rate now
         return destination_to_proto(KvDestination(
             worker_id=core.worker_id, worker_address=core.address, block_ids=tuple(res.block_ids),
             first_block=res.first_block, cached_tokens=res.cached_tokens, compat_hash=core.compat,

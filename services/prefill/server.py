@@ -3,6 +3,9 @@ a Redis URL, the publisher that tells the prefix index what this worker caches."
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import grpc
 
 from services.prefill import servicer
@@ -19,10 +22,19 @@ def attach(server: grpc.aio.Server, core: WorkerCore) -> list[Background]:
     from pdmesh.index.publisher import IndexPublisher
 
     publisher = IndexPublisher(core.cfg.redis_url, core.worker_id, core.epoch, core.address)
-    return [publisher.run(
-        lambda: core.aeng.call(core.engine.pool.take_events),
-        lambda: core.aeng.call(lambda: list(core.engine.pool.cached)),
-    )]
+
+    async def publish() -> None:
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
+
+        def first_event() -> None:  # on the engine thread, mid-step: never raise
+            with contextlib.suppress(RuntimeError):  # the loop closed: the worker is stopping
+                loop.call_soon_threadsafe(wake.set)
+
+        core.engine.pool.on_first_event = first_event
+        await publisher.run(lambda: core.aeng.call(core.engine.pool.take_events),
+                            lambda: core.aeng.call(lambda: list(core.engine.pool.cached)), wake)
+
+    return [publish()]
 
 
 async def serve(cfg: WorkerConfig) -> None:

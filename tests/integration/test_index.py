@@ -120,3 +120,49 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         await router.index.close()
 
     asyncio.run(main())
+
+
+def test_a_publisher_with_a_wake_event_publishes_on_it_and_otherwise_only_beats(redis_url: str) -> None:
+    """An idle publisher given ``wake`` does not poll the pool every interval; an event
+    recorded by the pool (which sets ``wake``) is published within moments."""
+    from pdmesh.kv.block_pool import BlockPool
+
+    async def main() -> None:
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
+        pool = BlockPool(8)
+        pool.on_first_event = lambda: loop.call_soon_threadsafe(wake.set)
+        takes = 0
+
+        def take() -> list:  # type: ignore[type-arg]
+            nonlocal takes
+            takes += 1
+            return pool.take_events()
+
+        pub = IndexPublisher(redis_url, "p0", "e1", "x:1", interval=0.01)
+        task = asyncio.create_task(pub.run(take, lambda: []))
+        task2 = None
+        try:
+            await asyncio.sleep(0.3)  # without wake: a pass every 10 ms
+            polling = takes
+            task.cancel()
+            takes = 0
+            task2 = asyncio.create_task(pub.run(take, lambda: [], wake))
+            await asyncio.sleep(0.3)
+            idle = takes
+            blocks = pool.get_new_blocks(2)
+            assert blocks is not None
+            pool.cache_blocks(blocks, CHAIN[:2], [list(range(16)), list(range(16, 32))], None)
+            index = PrefixIndex(redis_url)
+            deadline = loop.time() + 5
+            while await index.longest_prefix(CHAIN) != {("p0", "e1"): 2}:
+                assert loop.time() < deadline, "the woken publisher did not publish"
+                await asyncio.sleep(0.005)
+            await index.close()
+        finally:
+            for t in (task, task2):
+                if t is not None:
+                    t.cancel()
+        assert polling >= 10, polling
+        assert idle <= 3, idle  # the first pass, and a heartbeat's
+
+    asyncio.run(main())

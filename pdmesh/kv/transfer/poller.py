@@ -36,9 +36,13 @@ on another worker: at 0.1 ms these wake-ups took cores from that very prefill (o
 cores a lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms), while a
 write's completion waits at most one interval for the receiver's poll (transfer p50
 0.7-1.3 ms at 0.1 ms, 0.9-1.8 ms at 2 ms; docs/performance.md section 11)."""
-IDLE_INTERVAL_S = 0.005
+IDLE_INTERVAL_S = 0.05
 """Between notification polls with nothing awaited: writes into this worker's pool whose
-reservation lapsed must still complete, so polling never stops while a sink is set."""
+reservation lapsed must still complete, so polling never stops while a sink is set. A new
+reservation pokes the poller onto the await rate at once (``poke``), so this interval
+delays only such lapsed writes; at 5 ms an idle decode worker woke 200 times a second,
+and every mesh process's wake-ups slow the others' prefill on a small machine
+(docs/performance.md section 14)."""
 
 
 @dataclass(slots=True)
@@ -93,6 +97,11 @@ class TransferPoller:
             self._sink = _NotifSink(asyncio.get_running_loop(), deliver, awaiting)
             self._wake.notify()
 
+    def poke(self) -> None:
+        """Poll now and re-read the rate: a reservation now awaits its KV."""
+        with self._wake:
+            self._wake.notify()
+
     def close(self) -> None:
         with self._wake:
             self._closed = True
@@ -120,8 +129,10 @@ class TransferPoller:
             except Exception:  # the thread must outlive any one pass: every transfer needs it
                 log.exception("NIXL poller pass failed")
                 transferring = awaiting = False
-            time.sleep(self.busy_interval_s if transferring
-                       else self.await_interval_s if awaiting else self.idle_interval_s)
+            with self._wake:  # a wait, not a sleep: ``watch`` and ``poke`` cut it short
+                if not self._closed:
+                    self._wake.wait(self.busy_interval_s if transferring
+                                    else self.await_interval_s if awaiting else self.idle_interval_s)
 
     def _poll_transfers(self) -> bool:
         """One pass over the watched handles (called holding ``_mutex``); returns whether

@@ -86,3 +86,19 @@ def test_reset_prefix_cache() -> None:
     pool.free_blocks(blocks)
     assert pool.reset_prefix_cache()
     assert pool.stats().cached == 0 and isinstance(pool.take_events()[-1], AllBlocksCleared)
+
+
+def test_the_first_event_waiting_to_be_taken_calls_on_first_event_once() -> None:
+    """The index publisher sleeps until this call instead of polling the pool."""
+    pool = BlockPool(4)
+    calls: list[int] = []
+    pool.on_first_event = lambda: calls.append(len(pool._events))
+    blocks = pool.get_new_blocks(2)
+    assert blocks is not None and calls == []  # no eviction, no event
+    cache(pool, blocks[:1], [1, 2])
+    cache(pool, blocks[1:], [3, 4])
+    assert calls == [1]  # the second event joined one already waiting
+    assert len(pool.take_events()) == 2
+    pool.free_blocks(blocks)
+    assert pool.reset_prefix_cache()
+    assert calls == [1, 1]

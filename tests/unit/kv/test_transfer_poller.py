@@ -134,3 +134,52 @@ def test_a_transfer_whose_poll_fails_drops_the_peer(pair) -> None:  # type: igno
     with pytest.raises(TransferFailedError, match="failed"):
         asyncio.run(go())
     assert failing.removed == ["poller-dst"]
+
+
+class _CountingNotifs:
+    """The real transport, counting notification polls."""
+
+    def __init__(self, inner: NixlTransport) -> None:
+        self.inner = inner
+        self.polls = 0
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.inner, name)
+
+    def take_notifs(self) -> list[bytes]:
+        self.polls += 1
+        return self.inner.take_notifs()
+
+
+def test_an_idle_receiver_polls_rarely_and_a_poke_moves_it_to_the_await_rate(pair) -> None:  # type: ignore[no-untyped-def]
+    """Idle, a decode worker's poller wakes every ``IDLE_INTERVAL_S`` (its wake-ups slow
+    every process beside it); a reservation pokes it onto the await rate at once."""
+    from pdmesh.kv.transfer.poller import AWAIT_INTERVAL_S, IDLE_INTERVAL_S, TransferPoller
+
+    _, dst, _, _ = pair
+    counting = _CountingNotifs(dst)
+    awaiting = False
+
+    async def go() -> tuple[int, int, float]:
+        poller = TransferPoller(counting)  # type: ignore[arg-type]
+        poller.deliver_notifs(lambda notifs: None, lambda: awaiting)
+        try:
+            await asyncio.sleep(0.5)
+            idle = counting.polls
+            nonlocal awaiting
+            awaiting = True
+            poked_at = time.perf_counter()
+            poller.poke()
+            while counting.polls == idle:
+                assert time.perf_counter() - poked_at < 5, "the poke was not seen"
+                await asyncio.sleep(0.0005)
+            first = time.perf_counter() - poked_at
+            await asyncio.sleep(0.2)
+            return idle, counting.polls - idle, first
+        finally:
+            poller.close()
+
+    idle, busy, first = asyncio.run(go())
+    assert idle <= 0.5 / IDLE_INTERVAL_S + 2, idle
+    assert first < IDLE_INTERVAL_S / 2, first  # not at the end of the idle wait
+    assert busy >= 0.2 / AWAIT_INTERVAL_S / 4, busy  # generous: a loaded CI machine

@@ -152,7 +152,8 @@ class RouterCore:
             return None
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
         lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
-        decision, matched, tier = await self.prefill_router.choose(hashes, key, len(ids), candidates)
+        decision, matched, tier = await self.prefill_router.choose(hashes, key, len(ids), candidates,
+                                                                   remember=False)  # settle_route does
         lookup.set_attribute("pdmesh.index_available", matched is not None)
         if matched:  # the candidates' scores' main input: cached leading blocks per worker
             lookup.set_attribute("pdmesh.matched_blocks", ",".join(f"{w}={n}" for w, n in sorted(matched.items())))
@@ -184,13 +185,17 @@ class RouterCore:
             self.decode_recent.remember(hashes, choice.worker.worker_id)
         return choice.worker
 
-    def count_route(self, choice: Decision | None, local_reason: str) -> None:
-        """Count a prefill decision for RouterStats and /metrics, by policy and reason."""
+    def settle_route(self, choice: Decision | None, local_reason: str, hashes: list[BlockHash]) -> None:
+        """Count a prefill decision for RouterStats and /metrics, by policy and reason, and
+        remember the prompt on the prefill worker only if it goes there: remembered there
+        while it prefilled on its decode worker, the next prompt of its prefix would be
+        sent to compute that prefix again."""
         if local_reason:
             self.local_prefills += 1
             self.decisions[f"local/{local_reason}"] += 1
         elif choice is not None:
             self.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
+            self.prefill_router.recent.remember(hashes, choice.worker.worker_id)
 
     def local_reason(self, choice: Decision | None, ids: list[int]) -> str:
         """Why this request prefills on its decode worker ("" = it does not)."""

@@ -144,7 +144,7 @@ class RequestFlow:
         })
         span.end()
         self.prefill = choice
-        core.count_route(choice, reason)
+        core.settle_route(choice, reason, self.hashes)
         return reason
 
     async def reserve_and_prefill(self) -> tuple[Any, Any] | None:

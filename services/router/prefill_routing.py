@@ -42,14 +42,17 @@ class PrefillRouter:
         """Lookups that timed out (Redis slow, not down)."""
 
     async def choose(self, hashes: list[BlockHash], key: bytes, num_tokens: int,
-                     candidates: list[WorkerHandle]) -> tuple[Decision, dict[str, int] | None, int]:
+                     candidates: list[WorkerHandle], remember: bool = True,
+                     ) -> tuple[Decision, dict[str, int] | None, int]:
         """The policy's decision, and what it saw: cached blocks per worker (None: index
-        down) and blocks in the kvstore tier. The chosen worker is remembered as holding
-        the prompt's blocks until the index says so itself."""
+        down) and blocks in the kvstore tier. With ``remember``, the chosen worker is
+        remembered as holding the prompt's blocks until the index says so itself; a caller
+        that may still prefill elsewhere remembers once it knows (``recent.remember``)."""
         matched, tier, holders = await self.matched(hashes, candidates)
         decision = self.policy.choose(
             candidates, RouteContext(hashes, key, matched, self.block_size, tier, num_tokens, holders))
-        self.recent.remember(hashes, decision.worker.worker_id)
+        if remember:
+            self.recent.remember(hashes, decision.worker.worker_id)
         return decision, matched, tier
 
     async def matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]

@@ -1,5 +1,6 @@
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.mesh_types import WorkerInfo
+from pdmesh.sampling_params import SamplingParams
 from services.router.policies.base import RouteContext
 from services.router.policies.least_loaded import LeastLoadedPolicy
 from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
@@ -94,6 +95,24 @@ def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-de
     assert core.local_reason(None, long_prompt) == "no_prefill"
 
 
+def test_a_prompt_is_remembered_on_the_prefill_worker_only_if_it_goes_there(llama_dir) -> None:  # type: ignore[no-untyped-def]
+    from services.router.config import RouterConfig
+    from services.router.core import RouterCore
+    from services.router.policies.base import Decision
+    from services.router.registry import Registry
+
+    cfg = RouterConfig(model=str(llama_dir), prefill_busy_requests=2)
+    core = RouterCore(cfg, Registry(cfg))
+    w = workers(1)[0]
+    local, remote = core.prompt_hashes(list(range(64)), SamplingParams()), core.prompt_hashes(
+        list(range(100, 164)), SamplingParams())
+    core.settle_route(Decision(w, "miss", 0), "prefill_busy", local)
+    core.settle_route(Decision(w, "miss", 0), "", remote)
+    recent = core.prefill_router.recent
+    assert recent.depths(local) == {} and recent.depths(remote) == {w.worker_id: len(remote)}
+    assert core.local_prefills == 1 and core.decisions["local/prefill_busy"] == 1
+
+
 def test_holder_keeps_a_conversation_on_its_decode_worker_within_the_slack() -> None:
     from services.router.policies.holder import HolderPolicy
 
@@ -108,7 +127,6 @@ def test_holder_keeps_a_conversation_on_its_decode_worker_within_the_slack() -> 
 
 
 def test_the_router_remembers_where_a_conversation_decoded(llama_dir) -> None:  # type: ignore[no-untyped-def]
-    from pdmesh.sampling_params import SamplingParams
     from services.router.config import RouterConfig
     from services.router.core import RouterCore
     from services.router.registry import Registry

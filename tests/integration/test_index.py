@@ -162,7 +162,7 @@ def test_a_publisher_with_a_wake_event_publishes_on_it_and_otherwise_only_beats(
             for t in (task, task2):
                 if t is not None:
                     t.cancel()
-        assert polling >= 10, polling
+        assert polling >= 5, polling  # ~30 passes on an idle machine
         assert idle <= 3, idle  # the first pass, and a heartbeat's
 
     asyncio.run(main())

@@ -8,7 +8,7 @@ writes took 17 ms each under load against 2.4 ms for raw NIXL (0.13x). This thre
 every in-flight handle every ``busy_interval_s``, and on a decode worker the
 notifications every ``await_interval_s`` while a reservation awaits its KV (every
 ``idle_interval_s`` otherwise); results go back to the loop with
-``call_soon_threadsafe``. Sleeping releases the GIL, so a pass costs the engine thread
+``call_soon_threadsafe``. Waiting releases the GIL, so a pass costs the engine thread
 only the few microseconds it takes.
 
 Every call into the transport is serialised by the transport's own lock (NIXL agents are

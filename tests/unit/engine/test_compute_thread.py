@@ -61,7 +61,8 @@ _POOLS = textwrap.dedent("""
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
 def test_the_builds_openmp_pool_leaves_with_its_thread() -> None:
-    out = subprocess.run([sys.executable, "-c", _POOLS], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run([sys.executable, "-c", _POOLS], capture_output=True, text=True, timeout=120,
+                         check=False)
     assert out.returncode == 0, out.stderr
     before, after_passing, after_here = map(int, out.stdout.split())
     assert after_passing == before, "the passing thread's OpenMP pool outlived it"

@@ -20,12 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdmesh.engine.core_share import create_share_file
-from pdmesh.mesh_spec import COLOCATED_PREFILL_BUSY_REQUESTS, MeshSpec
+from pdmesh.mesh_spec import (
+    COLOCATED_PREFILL_BUSY_REQUESTS,
+    COLOCATED_PREFILL_BUSY_TOKENS,
+    MeshSpec,
+)
 from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.process import PARENT_ENV
 from pdmesh.rpc.tls import TLSFiles
 
-__all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "Mesh", "MeshSpec", "Proc", "free_port"]
+__all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc", "free_port"]
 
 
 @dataclass

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 COLOCATED_PREFILL_BUSY_REQUESTS = 4
 """``--prefill-busy-requests`` for workers that split one machine's cores."""
+COLOCATED_PREFILL_BUSY_TOKENS = 1024
+"""``--prefill-busy-tokens`` for them: about four 256-token prompts of queued work, so
+a burst of prompts sharing a few prefixes splits its groups between the workers (each
+group then follows its first prompt) rather than sending four groups to one."""
 
 
 @dataclass
@@ -48,12 +52,14 @@ class MeshSpec:
 
     def colocated_router_args(self) -> list[str]:
         """Router defaults for workers that split one machine's cores: conditional
-        disaggregation (``--prefill-busy-requests 4``), so that a burst of prompts is
-        prefilled by the decode worker too instead of queueing on the prefill worker's share
-        of the cores. With it and lent cores, 1 prefill + 1 decode on 2 cores made 1.10-1.39x
+        disaggregation (``--prefill-busy-requests 4 --prefill-busy-tokens 1024``), so that a
+        burst of prompts is prefilled by the decode worker too instead of queueing on the
+        prefill worker's share of the cores. With it and lent cores, 1 prefill + 1 decode on 2 cores made 1.10-1.39x
         the output of one worker on a burst of 32 x 256 + 64; without it 0.70-0.80x
         (docs/performance.md §11). Empty when the caller set the rule itself."""
-        if not self.splits_cpu_cores() or not self.prefill or "--prefill-busy-requests" in self.router_args:
+        if (not self.splits_cpu_cores() or not self.prefill
+                or {"--prefill-busy-requests", "--prefill-busy-tokens"} & set(self.router_args)):
             return []
-        return ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS)]
+        return ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS),
+                "--prefill-busy-tokens", str(COLOCATED_PREFILL_BUSY_TOKENS)]
 

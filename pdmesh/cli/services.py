@@ -117,6 +117,9 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                     help="prefill on the decode worker when the prefill worker already has this many "
                          "of the router's prefills (default: 4 when the workers split this machine's "
                          "cores, else 0 = never)")
+    up.add_argument("--prefill-busy-tokens", default=None,
+                    help="the same when the prefill worker already has this many uncached prompt tokens "
+                         "queued (default: 1024 when the workers split this machine's cores, else 0 = never)")
 
 
 def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
@@ -143,7 +146,8 @@ def run_up(args: argparse.Namespace) -> int:
         worker_args=contract + _flags(args, ("num_blocks", "kv_cache_memory_gb", "max_num_seqs",
                                              "max_num_batched_tokens", "threads")),
         router_args=contract + _flags(args, ("prefill_policy", "decode_policy", "disaggregation",
-                                             "local_prefill_tokens", "prefill_busy_requests", "api_key")),
+                                             "local_prefill_tokens", "prefill_busy_requests",
+                                             "prefill_busy_tokens", "api_key")),
         http_port=None if args.no_http else args.http_port,
         decode_args=_flags(args, ("speculative_config",)),
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,

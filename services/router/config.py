@@ -8,6 +8,11 @@ from typing import Literal
 from pdmesh.config import MeshContract
 from pdmesh.service_config import ServerConfig
 
+FOLLOW_LIMIT = 4.0
+"""Under conditional disaggregation a prompt follows its prefix to the prefill worker
+holding it until that worker is this many times past the busy rule; past it, recomputing
+the prefix on the decode worker costs less than the queue."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RouterConfig(MeshContract, ServerConfig):
@@ -39,6 +44,11 @@ class RouterConfig(MeshContract, ServerConfig):
     """Conditional disaggregation: when the chosen prefill worker already has this many of
     this router's prefills in flight, prefill on the decode worker instead, so a prefill
     burst uses the decode worker's cores too (0 = never)."""
+    prefill_busy_tokens: int = 0
+    """Conditional disaggregation, by work: the same when the chosen prefill worker already
+    has this many uncached prompt tokens queued (0 = never). Under either rule a prompt
+    follows its prefix: to the decode worker when that was sent more of it, to the prefill
+    worker holding it until that worker is ``FOLLOW_LIMIT`` times past the rule."""
     prefill_us_per_token: float = 150.0
     """cache_aware: cost of one prompt token on a prefill worker that has not measured its
     own yet (workers advertise what they measure; see docs/routing.md)."""

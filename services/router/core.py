@@ -25,7 +25,7 @@ from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
 from services.router.admission import AdmissionGate
 from services.router.completions import Completions
-from services.router.config import RouterConfig
+from services.router.config import FOLLOW_LIMIT, RouterConfig
 from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
 from services.router.policies import Decision, RouteContext, build_policy
@@ -197,14 +197,29 @@ class RouterCore:
             self.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
             self.prefill_router.recent.remember(hashes, choice.worker.worker_id)
 
-    def local_reason(self, choice: Decision | None, ids: list[int]) -> str:
-        """Why this request prefills on its decode worker ("" = it does not)."""
+    def local_reason(self, choice: Decision | None, ids: list[int], decode_held: int = 0) -> str:
+        """Why this request prefills on its decode worker ("" = it does not).
+        ``decode_held``: leading prompt tokens sent to its decode worker before it."""
+        cfg = self.cfg
         if choice is None:
-            if self.cfg.disaggregation == "strict":
+            if cfg.disaggregation == "strict":
                 raise UnavailableError("no healthy prefill worker (disaggregation=strict); retry later")
             return "no_prefill"
-        if self.cfg.local_prefill_tokens and len(ids) - choice.cached_tokens < self.cfg.local_prefill_tokens:
+        if cfg.local_prefill_tokens and len(ids) - choice.cached_tokens < cfg.local_prefill_tokens:
             return "short_prompt"
-        if self.cfg.prefill_busy_requests and choice.worker.in_flight >= self.cfg.prefill_busy_requests:
-            return "prefill_busy"
-        return ""
+        if not (cfg.prefill_busy_requests or cfg.prefill_busy_tokens):
+            return ""
+        # A prompt follows its prefix, or the prefix is computed on both workers: spilled
+        # by the busy rule while its KV was still on its way, a group of prompts sharing a
+        # system prompt cached 0.69 of its tokens against 0.78 (docs/performance.md §14).
+        if decode_held > choice.cached_tokens:
+            return "decode_holds"
+        if choice.cached_tokens and self._prefill_load(choice.worker) < FOLLOW_LIMIT:
+            return ""
+        return "prefill_busy" if self._prefill_load(choice.worker) >= 1 else ""
+
+    def _prefill_load(self, w: WorkerHandle) -> float:
+        """How far the prefill worker is along the busy rules (>= 1: busy)."""
+        cfg = self.cfg
+        return max(w.in_flight / cfg.prefill_busy_requests if cfg.prefill_busy_requests else 0.0,
+                   w.queued_tokens / cfg.prefill_busy_tokens if cfg.prefill_busy_tokens else 0.0)

@@ -2,9 +2,8 @@
 
 Lifecycle (the methods below, in this order):
   1. route    — decode worker by load; prefill worker by policy over the Redis index
-                (consistent hashing when Redis is down); a short uncached prompt, or no
-                healthy prefill worker under ``fallback_local``, prefills on the decode
-                worker instead (``GenerateLocal``);
+                (consistent hashing when Redis is down); ``RouterCore.local_reason`` says
+                when the decode worker prefills instead (``GenerateLocal``);
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
   3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token,
                 streamed to the caller at once where its text is certain (first_token.py);
@@ -14,8 +13,8 @@ Lifecycle (the methods below, in this order):
                 mid-stream, the request migrates: another decode worker continues it from
                 the tokens already streamed (``GenerateLocal`` with resume tokens), so the
                 caller sees no gap and no repeat (at most ``max_migrations`` times);
-  5. release  — in-flight counts drop. A caller that leaves, or ``abort()``, cancels the
-                flow's current call; every worker frees the request's blocks.
+  5. release  — in-flight counts drop; a caller that leaves, or ``abort()``, cancels the
+                current call, and every worker frees the request's blocks.
 """
 
 from __future__ import annotations
@@ -78,6 +77,8 @@ class RequestFlow:
     """Decode workers that failed this request mid-stream."""
     hashes: list[BlockHash] = field(default_factory=list)
     """The prompt's block hashes, computed once in ``run`` for both routing decisions."""
+    decode_held: int = 0
+    """Prompt tokens sent to the decode worker before (0 for a replacement: unknown)."""
     decode_answered: bool = False
     """A decode worker's stream has sent a message (its reservation is claimed)."""
 
@@ -107,7 +108,9 @@ class RequestFlow:
     # -- the lifecycle ----------------------------------------------------------------
     async def run(self) -> AsyncIterator[Any]:
         self.hashes = self.core.prompt_hashes(self.prompt, self.params)
+        held = self.core.decode_recent.depths(self.hashes)  # before this request is remembered
         self.decode = self.core.route_decode(self.hashes)
+        self.decode_held = held.get(self.decode.worker_id, 0) * self.core.cfg.block_size
         self.decode.acquire()
         try:
             for _ in range(PREFILL_ATTEMPTS):
@@ -134,7 +137,7 @@ class RequestFlow:
         span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
                                   candidates=len(core.workers.healthy("prefill")))
         choice = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
-        reason = core.local_reason(choice, self.prompt)
+        reason = core.local_reason(choice, self.prompt, self.decode_held)
         span.set_attributes({
             "pdmesh.policy": core.prefill_router.policy.name,
             "pdmesh.prefill": choice.worker.worker_id if choice else "",
@@ -154,7 +157,12 @@ class RequestFlow:
         choice = self.prefill
         if choice is None:
             raise RuntimeError(f"{self.request_id}: prefill before a prefill worker was chosen")
-        d_stub = decode_stub(self._decode().address)
+        prefill, d_stub = choice.worker, decode_stub(self._decode().address)
+        work = max(0, len(self.prompt) - choice.cached_tokens)
+        with prefill.counted(work):  # from the decision on: the next ones of a burst see it
+            return await self._reserve_and_prefill(prefill, d_stub)
+
+    async def _reserve_and_prefill(self, prefill: WorkerHandle, d_stub: Any) -> tuple[Any, Any] | None:
         try:
             handle = await self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
                                                       timeout=self.left()))
@@ -163,11 +171,7 @@ class RequestFlow:
                 raise
             self._replace_decode(exc, "reserve")  # dead, or full: the next decode worker
             return None
-        prefill = choice.worker
-        work = max(0, len(self.prompt) - choice.cached_tokens)
-        prefill.acquire(work)
-        renewing = asyncio.create_task(
-            reservation.keep_alive(d_stub, self.request_id, self.core.cfg.lease_ms))
+        renewing = asyncio.create_task(reservation.keep_alive(d_stub, self.request_id, self.core.cfg.lease_ms))
         try:
             response = await self._start(prefill_stub(prefill.address).Prefill(
                 messages.prefill_request(self.request_id, self.prompt, self.params, handle),
@@ -191,7 +195,6 @@ class RequestFlow:
             raise
         finally:
             renewing.cancel()
-            prefill.release(work)
         return response, handle
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
@@ -260,7 +263,7 @@ class RequestFlow:
                 raise exc from None  # every decode worker is full: "not now", with its retry hint
             raise
         failed.release()
-        self.decode = replacement
+        self.decode, self.decode_held = replacement, 0
         replacement.acquire()
         log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s",
                     failed.worker_id, stage, exc.code().name, self.request_id, len(self.streamed_tokens),

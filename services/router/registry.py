@@ -17,8 +17,10 @@ and shown by ``MeshAdmin.ListWorkers``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +102,15 @@ class WorkerHandle:
         self.in_flight -= 1
         self.pending_tokens -= tokens
         self.released_at = time.monotonic()
+
+    @contextlib.contextmanager
+    def counted(self, tokens: int = 0) -> Iterator[None]:
+        """``acquire`` for the block, ``release`` however it ends."""
+        self.acquire(tokens)
+        try:
+            yield
+        finally:
+            self.release(tokens)
 
 
 class Registry:

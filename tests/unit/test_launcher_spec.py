@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from pdmesh.launcher import COLOCATED_PREFILL_BUSY_REQUESTS, MeshSpec
+from pdmesh.launcher import COLOCATED_PREFILL_BUSY_REQUESTS, COLOCATED_PREFILL_BUSY_TOKENS, MeshSpec
 
 
 def test_workers_on_one_cpu_lend_cores_and_prefill_locally_when_the_prefill_worker_is_busy() -> None:
     spec = MeshSpec(model="m", prefill=1, decode=1)
     assert spec.splits_cpu_cores()
-    assert spec.colocated_router_args() == ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS)]
+    assert spec.colocated_router_args() == ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS),
+                                            "--prefill-busy-tokens", str(COLOCATED_PREFILL_BUSY_TOKENS)]
 
 
 def test_no_sharing_when_the_user_fixed_threads_or_device_or_turned_it_off() -> None:

@@ -95,6 +95,40 @@ def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-de
     assert core.local_reason(None, long_prompt) == "no_prefill"
 
 
+def test_under_conditional_disaggregation_a_prompt_follows_its_prefix(llama_dir) -> None:  # type: ignore[no-untyped-def]
+    """Spilled by the busy rule, a prompt whose prefix is on its way from the prefill
+    worker would compute that prefix again on the decode worker: a burst sharing four
+    512-token prefixes cached 0.69 of its tokens against 0.78 (docs/performance.md §14)."""
+    from services.router.config import FOLLOW_LIMIT, RouterConfig
+    from services.router.core import RouterCore
+    from services.router.policies.base import Decision
+    from services.router.registry import Registry
+
+    cfg = RouterConfig(model=str(llama_dir), prefill_busy_requests=4, prefill_busy_tokens=1000)
+    core = RouterCore(cfg, Registry(cfg))
+    w = workers(1)[0]
+    prompt = list(range(600))
+    # Cold prompts: the work queued there decides, in requests or in tokens.
+    assert core.local_reason(Decision(w, "miss", 0), prompt) == ""
+    w.pending_tokens = 1000
+    assert core.local_reason(Decision(w, "miss", 0), prompt) == "prefill_busy"
+    # The decode worker was sent more of the prompt: prefill there, whatever the load.
+    w.pending_tokens = 0
+    assert core.local_reason(Decision(w, "miss", 0), prompt, decode_held=512) == "decode_holds"
+    assert core.local_reason(Decision(w, "hit", 256), prompt, decode_held=512) == "decode_holds"
+    # The prefill worker holds at least as much: follow it, past the busy rule ...
+    w.pending_tokens, w.in_flight = 2000, 6
+    assert core.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == ""
+    # ... until it is FOLLOW_LIMIT times past it.
+    w.pending_tokens = int(FOLLOW_LIMIT * 1000)
+    assert core.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == "prefill_busy"
+    w.pending_tokens, w.in_flight = 0, int(FOLLOW_LIMIT * 4)
+    assert core.local_reason(Decision(w, "hit", 512), prompt) == "prefill_busy"
+    # Without conditional disaggregation nothing of this applies.
+    plain = RouterCore(RouterConfig(model=str(llama_dir)), Registry(cfg))
+    assert plain.local_reason(Decision(w, "miss", 0), prompt, decode_held=512) == ""
+
+
 def test_a_prompt_is_remembered_on_the_prefill_worker_only_if_it_goes_there(llama_dir) -> None:  # type: ignore[no-untyped-def]
     from services.router.config import RouterConfig
     from services.router.core import RouterCore

@@ -29,7 +29,8 @@ from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.process import PARENT_ENV
 from pdmesh.rpc.tls import TLSFiles
 
-__all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc", "free_port"]
+__all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc",
+           "free_port"]
 
 
 @dataclass

@@ -54,9 +54,11 @@ class MeshSpec:
         """Router defaults for workers that split one machine's cores: conditional
         disaggregation (``--prefill-busy-requests 4 --prefill-busy-tokens 1024``), so that a
         burst of prompts is prefilled by the decode worker too instead of queueing on the
-        prefill worker's share of the cores. With it and lent cores, 1 prefill + 1 decode on 2 cores made 1.10-1.39x
-        the output of one worker on a burst of 32 x 256 + 64; without it 0.70-0.80x
-        (docs/performance.md §11). Empty when the caller set the rule itself."""
+        prefill worker's share of the cores. With it and lent cores, 1 prefill + 1 decode on
+        2 cores made 1.10-1.39x the output of one worker on a burst of 32 x 256 + 64 in
+        `pdmesh bench mesh`, without it 0.70-0.80x (docs/performance.md §11); through `pdmesh
+        bench serve`, 0.90x on that shape and 0.91-0.92x on prompts sharing four prefixes
+        (§14). Empty when the caller set the rule itself."""
         if (not self.splits_cpu_cores() or not self.prefill
                 or {"--prefill-busy-requests", "--prefill-busy-tokens"} & set(self.router_args)):
             return []

@@ -6,13 +6,11 @@ Lifecycle (the methods below, in this order):
                 when the decode worker prefills instead (``GenerateLocal``);
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
   3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token,
-                streamed to the caller at once where its text is certain (first_token.py);
-                if it is unreachable the reservation is released, the worker marked down
-                and the next attempt routes to another (at most ``PREFILL_ATTEMPTS``);
-  4. decode   — the decode worker's stream is relayed to the caller; if that worker fails
-                mid-stream, the request migrates: another decode worker continues it from
-                the tokens already streamed (``GenerateLocal`` with resume tokens), so the
-                caller sees no gap and no repeat (at most ``max_migrations`` times);
+                streamed at once where its text is certain (first_token.py); one that is
+                unreachable is marked down and the next attempt routes to another;
+  4. decode   — the decode worker's stream is relayed; if that worker fails mid-stream,
+                another continues from the tokens already streamed (``GenerateLocal`` with
+                resume tokens): no gap, no repeat (at most ``max_migrations`` times);
   5. release  — in-flight counts drop; a caller that leaves, or ``abort()``, cancels the
                 current call, and every worker frees the request's blocks.
 """
@@ -73,6 +71,8 @@ class RequestFlow:
     streamed_tokens: list[int] = field(default_factory=list)
     """Tokens relayed to the caller so far (what a migration resumes from)."""
     streamed_chars: int = 0
+    finished: bool = False
+    """A message with a finish reason was relayed: the request is complete."""
     failed_decode: set[str] = field(default_factory=set)
     """Decode workers that failed this request mid-stream."""
     hashes: list[BlockHash] = field(default_factory=list)
@@ -237,8 +237,9 @@ class RequestFlow:
                     yield resp
                 return
             except grpc.aio.AioRpcError as exc:
-                if (exc.code() not in MIGRATE_ON or self.aborted
-                        or migrations >= self.core.cfg.max_migrations):
+                if self.finished:  # the worker died after its last message: nothing is lost
+                    return
+                if exc.code() not in MIGRATE_ON or self.aborted or migrations >= self.core.cfg.max_migrations:
                     raise
                 migrations += 1
                 relayed = None  # the next worker resumes after every token streamed so far
@@ -248,6 +249,7 @@ class RequestFlow:
         """``resp`` goes to the caller: what a migration resumes from grows by it."""
         self.streamed_tokens.extend(resp.token_ids)
         self.streamed_chars += len(resp.text)
+        self.finished = self.finished or bool(resp.finish_reason)
 
     def _replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
         """Leave a decode worker that failed this request (marked down unless it was only
@@ -265,9 +267,8 @@ class RequestFlow:
         failed.release()
         self.decode, self.decode_held = replacement, 0
         replacement.acquire()
-        log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s",
-                    failed.worker_id, stage, exc.code().name, self.request_id, len(self.streamed_tokens),
-                    self.decode.worker_id)
+        log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s", failed.worker_id,
+                    stage, exc.code().name, self.request_id, len(self.streamed_tokens), self.decode.worker_id)
 
     def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
         """Mark the failed decode worker down and resume the request on another."""

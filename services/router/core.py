@@ -170,10 +170,10 @@ class RouterCore:
         return ""
 
     def route_decode(self, hashes: list[BlockHash],
-                     exclude: set[str] | frozenset[str] = frozenset()) -> WorkerHandle:
+                     exclude: set[str] | frozenset[str] = frozenset()) -> tuple[WorkerHandle, int]:
         """By policy, over what each decode worker was recently sent of this prompt (a
         decode worker keeps prompts' blocks as prefix cache; the router remembers where
-        it sent them)."""
+        it sent them): the worker, and the prompt tokens it was sent before this request."""
         candidates = [w for w in self.workers.healthy("decode") if w.worker_id not in exclude]
         if not candidates:
             raise UnavailableError("no healthy decode worker; retry later")
@@ -183,7 +183,7 @@ class RouterCore:
         self.decisions[f"decode/{choice.reason}"] += 1
         if hashes:
             self.decode_recent.remember(hashes, choice.worker.worker_id)
-        return choice.worker
+        return choice.worker, held.get(choice.worker.worker_id, 0) * self.cfg.block_size
 
     def settle_route(self, choice: Decision | None, local_reason: str, hashes: list[BlockHash]) -> None:
         """Count a prefill decision for RouterStats and /metrics, by policy and reason, and
@@ -214,9 +214,10 @@ class RouterCore:
         # system prompt cached 0.69 of its tokens against 0.78 (docs/performance.md §14).
         if decode_held > choice.cached_tokens:
             return "decode_holds"
-        if choice.cached_tokens and self._prefill_load(choice.worker) < FOLLOW_LIMIT:
+        load = self._prefill_load(choice.worker)
+        if choice.cached_tokens and load < FOLLOW_LIMIT:
             return ""
-        return "prefill_busy" if self._prefill_load(choice.worker) >= 1 else ""
+        return "prefill_busy" if load >= 1 else ""
 
     def _prefill_load(self, w: WorkerHandle) -> float:
         """How far the prefill worker is along the busy rules (>= 1: busy)."""

@@ -78,7 +78,7 @@ class RequestFlow:
     hashes: list[BlockHash] = field(default_factory=list)
     """The prompt's block hashes, computed once in ``run`` for both routing decisions."""
     decode_held: int = 0
-    """Prompt tokens sent to the decode worker before (0 for a replacement: unknown)."""
+    """Prompt tokens the router had sent its decode worker before this request."""
     decode_answered: bool = False
     """A decode worker's stream has sent a message (its reservation is claimed)."""
 
@@ -108,9 +108,7 @@ class RequestFlow:
     # -- the lifecycle ----------------------------------------------------------------
     async def run(self) -> AsyncIterator[Any]:
         self.hashes = self.core.prompt_hashes(self.prompt, self.params)
-        held = self.core.decode_recent.depths(self.hashes)  # before this request is remembered
-        self.decode = self.core.route_decode(self.hashes)
-        self.decode_held = held.get(self.decode.worker_id, 0) * self.core.cfg.block_size
+        self.decode, self.decode_held = self.core.route_decode(self.hashes)
         self.decode.acquire()
         try:
             for _ in range(PREFILL_ATTEMPTS):
@@ -259,13 +257,13 @@ class RequestFlow:
             core.workers.mark_down(failed)
         self.failed_decode.add(failed.worker_id)
         try:
-            replacement = core.route_decode(self.hashes, exclude=self.failed_decode)
+            replacement, held = core.route_decode(self.hashes, exclude=self.failed_decode)
         except UnavailableError:
             if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise exc from None  # every decode worker is full: "not now", with its retry hint
             raise
         failed.release()
-        self.decode, self.decode_held = replacement, 0
+        self.decode, self.decode_held = replacement, held
         replacement.acquire()
         log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s", failed.worker_id,
                     stage, exc.code().name, self.request_id, len(self.streamed_tokens), self.decode.worker_id)

@@ -172,12 +172,14 @@ def test_the_router_remembers_where_a_conversation_decoded(llama_dir) -> None:  
         w.role = "decode"
     core.workers.workers = ds
     turn1 = list(range(10, 10 + 4 * cfg.block_size))
-    first = core.route_decode(core.prompt_hashes(turn1, SamplingParams()))
+    first, held = core.route_decode(core.prompt_hashes(turn1, SamplingParams()))
+    assert held == 0  # nothing of it was sent anywhere before
     other = next(w for w in ds if w is not first)
     first.in_flight = 1  # busier than the other by one: within the slack
     turn2 = turn1 + list(range(500, 500 + 2 * cfg.block_size))
-    assert core.route_decode(core.prompt_hashes(turn2, SamplingParams())) is first
+    again, held = core.route_decode(core.prompt_hashes(turn2, SamplingParams()))
+    assert again is first and held == len(turn1)  # turn 1 went there: 4 full blocks
     assert core.decisions["decode/holder"] == 1
     stranger = list(range(700, 700 + 4 * cfg.block_size))
-    assert core.route_decode(core.prompt_hashes(stranger, SamplingParams())) is other  # least loaded
-    assert core.route_decode(core.prompt_hashes(turn2, SamplingParams()), exclude={first.worker_id}) is other
+    assert core.route_decode(core.prompt_hashes(stranger, SamplingParams()))[0] is other  # least loaded
+    assert core.route_decode(core.prompt_hashes(turn2, SamplingParams()), exclude={first.worker_id})[0] is other

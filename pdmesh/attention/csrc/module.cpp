@@ -14,12 +14,13 @@ at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w);
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over a paged KV pool (CPU)");
-  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows in one pass (CPU)");
-  m.def("rope_", &rope_, "rotary embedding in place, rotate-half form (CPU, float32)");
-  m.def("silu_mul_", &silu_mul_, "gate = silu(gate) * up in place (CPU, float32)");
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("paged_decode", &paged_decode, nogil, "decode attention over a paged KV pool (CPU)");
+  m.def("rms_norm", &rms_norm, nogil, "RMSNorm of float32 rows in one pass (CPU)");
+  m.def("rope_", &rope_, nogil, "rotary embedding in place, rotate-half form (CPU, float32)");
+  m.def("silu_mul_", &silu_mul_, nogil, "gate = silu(gate) * up in place (CPU, float32)");
 #ifdef PDMESH_AVX2
   // Only where it is built for: the model keeps MKL's product everywhere else.
-  m.def("linear_rows", &linear_rows, "x @ w.T for a few rows of x (CPU, float32, AVX2)");
+  m.def("linear_rows", &linear_rows, nogil, "x @ w.T for a few rows of x (CPU, float32, AVX2)");
 #endif
 }

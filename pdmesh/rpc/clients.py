@@ -3,6 +3,9 @@ domain records instead of generated types."""
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+
 import grpc
 
 from pdmesh.mesh_types import WorkerInfo
@@ -11,18 +14,22 @@ from pdmesh.rpc.convert import info_from_proto
 from pdmesh.rpc.server import CHANNEL_OPTIONS
 from pdmesh.v1 import kvstore_pb2_grpc, worker_pb2, worker_pb2_grpc
 
-_channels: dict[str, grpc.aio.Channel] = {}
+_channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, grpc.aio.Channel]] = (
+    weakref.WeakKeyDictionary())
 
 
 def channel(address: str) -> grpc.aio.Channel:
-    """One channel per address for the life of the process (per event loop); TLS (with
-    this process's certificate as client identity) when the process is configured for it."""
-    ch = _channels.get(address)
+    """One channel per address for the life of the event loop (a channel is bound to the
+    loop it was made on: a second ``asyncio.run`` in the same process gets its own); TLS
+    (with this process's certificate as client identity) when the process is configured
+    for it."""
+    per_loop = _channels.setdefault(asyncio.get_running_loop(), {})
+    ch = per_loop.get(address)
     if ch is None:
         files = tls.current()
         ch = (grpc.aio.secure_channel(address, files.channel_credentials(), options=CHANNEL_OPTIONS)
               if files is not None else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
-        _channels[address] = ch
+        per_loop[address] = ch
     return ch
 
 

@@ -74,4 +74,4 @@ class KvDestination:
     compat_hash: str = ""
     lease_expiry_unix_ms: int = 0
     transfer_id: str = ""
-    """Names this transfer in the NIXL notification the decode worker waits for."""
+    """Names this reservation (request id and a nonce); ``Decode`` must carry it."""

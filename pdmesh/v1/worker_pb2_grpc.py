@@ -246,8 +246,9 @@ class DecodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Decode(self, request, context):
-        """Start decoding a reserved request whose KV has arrived; streams every output token,
-        the prefill worker's first token included.
+        """Start decoding a reserved request whose KV has arrived: the caller sends it only after
+        the prefill worker answered, which it does once its writes are complete here. Streams
+        every output token, the prefill worker's first token included.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,5 +1,5 @@
 """Run a decode worker: the shared worker runtime plus the ``Decode`` service, its lease
-reaper and its NIXL notification watcher."""
+reaper and the UCX progress it drives for writes into its pool."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from services.worker.server import serve as serve_worker
 
 def attach(server: grpc.aio.Server, core: WorkerCore) -> list[Background]:
     decode = servicer.add_to_server(server, core)
-    return [decode.reap_leases(), decode.watch_notifications()]
+    return [decode.reap_leases(), decode.drive_transfers()]
 
 
 async def serve(cfg: WorkerConfig) -> None:

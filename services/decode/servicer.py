@@ -4,12 +4,12 @@ Request lifecycle (the states are the engine sequence's status and one ``Reserva
   1. reserved   — ``Reserve`` allocates blocks for the prompt (blocks already cached here
                   are reused, so only the rest is transferred) under a lease; the sequence
                   is WAITING_FOR_REMOTE_KV;
-  2. transfer   — a prefill worker WRITEs the KV over NIXL; its notification (the transfer
-                  id) sets the reservation's arrival event; a reservation whose KV does not
-                  arrive before the lease ends is freed by the lease reaper;
-  3. running    — ``Decode`` claims the reservation, commits the first token and the
-                  request joins continuous batching; tokens stream back; a caller that goes
-                  away aborts it;
+  2. transfer   — a prefill worker WRITEs the KV over NIXL; a reservation not claimed
+                  before its lease ends is freed by the lease reaper;
+  3. running    — ``Decode`` (sent only once the prefill worker answered, i.e. once its
+                  writes are DONE: the KV is here) claims the reservation, commits the
+                  first token and the request joins continuous batching; tokens stream
+                  back; a caller that goes away aborts it;
   4. finished   — blocks are freed; the prompt's blocks stay as prefix cache.
 ``GenerateLocal`` skips 1–2: this worker prefills the prompt itself (and, with resume
 tokens, continues a request another decode worker lost mid-stream).
@@ -66,7 +66,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         finally:
             span.end()
         record = self.reservations.add(rid, request.lease_ms or core.cfg.lease_ms)
-        core.transfers.poller.poke()  # from the idle rate to the await rate now
+        core.transfers.poller.poke()  # progress at the await rate from now on
         return destination_to_proto(KvDestination(
             worker_id=core.worker_id, worker_address=core.address, block_ids=tuple(res.block_ids),
             first_block=res.first_block, cached_tokens=res.cached_tokens, compat_hash=core.compat,
@@ -92,28 +92,25 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             for rid in self.reservations.expired():
                 if self._release(rid):
                     self.core.counters.expired_leases += 1
-                    log.warning("reservation %s expired before its KV arrived; blocks freed", rid)
+                    log.warning("reservation %s expired before its Decode came; blocks freed", rid)
 
-    async def watch_notifications(self) -> None:
-        """Collect NIXL notifications (transfer ids) on the transfer poller's thread, every
-        2 ms while a reservation awaits its KV, so a busy event loop does not delay its
-        arrival. Polling also drives UCX progress for writes into this worker's pool, so it
+    async def drive_transfers(self) -> None:
+        """Drive UCX progress for writes into this worker's pool on the transfer poller's
+        thread, every 2 ms while a reservation is unclaimed (UCX over TCP moves a peer's
+        write only while its target progresses, and a new peer connects only then). It
         never stops: a write whose reservation has lapsed must still complete, not hang
         (the worker closes the poller when it stops)."""
-        self.core.transfers.poller.deliver_notifs(self.reservations.notified, self.reservations.awaiting_kv)
+        self.core.transfers.poller.drive_progress(self.reservations.awaiting_kv)
         await asyncio.Future()  # runs until the worker stops
 
     # -- generation -------------------------------------------------------------------
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         core = self.core
         rid = request.request_id
-        record = self.reservations.claim(rid)  # Decode owns the reservation from here on
+        self.reservations.claim(rid, request.transfer_id)  # Decode owns the reservation from here on
         span = tracing.start_span("decode", tracing.incoming(context), request_id=rid)
         bind_request(rid, span)
         try:
-            waited = time.monotonic()
-            await self.reservations.wait_for_kv(record)
-            span.set_attribute("pdmesh.kv_wait_ms", 1000 * (time.monotonic() - waited))
             self.reservations.pop(rid)
             lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
 

@@ -24,7 +24,7 @@ async def progress_pump(pool: StorePool) -> None:
     """Drive this agent's UCX progress: peers' WRITEs into and READs from our slots need it
     (there is no NIXL progress thread; it would spin a core). Fast while writes are pending."""
     while True:
-        pool.transport.take_notifs()
+        pool.transport.progress()
         await asyncio.sleep(0.0005 if pool.store.reservations else 0.002)
 
 

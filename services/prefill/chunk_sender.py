@@ -2,10 +2,11 @@
 
 After every engine step that completes more full prompt blocks, the blocks finished since
 the last write (and not already cached on the decode worker) are written with one NIXL
-WRITE and no notification. When the prompt is done, ``finish`` writes what is left — the
-last, partial block included — with the transfer id as the notification, so the decode
-worker is told only once everything has landed. Full blocks are never written again by the
-engine, so sending them early is safe; the request owns them until it is released.
+WRITE. When the prompt is done, ``finish`` writes what is left — the last, partial block
+included — and returns once every write is DONE, i.e. in the decode worker's memory: the
+``Prefill`` response that follows is what tells the router, and its ``Decode`` the decode
+worker, that the KV has landed. Full blocks are never written again by the engine, so
+sending them early is safe; the request owns them until it is released.
 """
 
 from __future__ import annotations
@@ -52,30 +53,27 @@ class ChunkSender:
                 await self._wake.wait()
                 self._wake.clear()
                 if self.ready > self.sent and not self._closing:
-                    self.overlapped_blocks += await self._write(self.sent, self.ready, b"")
+                    self.overlapped_blocks += await self._write(self.sent, self.ready)
         except Exception as exc:  # surfaced by finish()
             self._error = exc
 
-    async def _write(self, start: int, end: int, notif: bytes) -> int:
+    async def _write(self, start: int, end: int) -> int:
         end = min(end, self.dest.first_block + len(self.dest.block_ids))
         if end <= start:
             return 0
         src = self.core.aeng.call(lambda: self.core.engine.block_ids_of(self.rid))[start:end]
         dst = list(self.dest.block_ids[start - self.dest.first_block : end - self.dest.first_block])
-        self.bytes += await self.core.write_kv(self.dest.worker_id, src, dst, notif, self.timeout)
+        self.bytes += await self.core.write_kv(self.dest.worker_id, src, dst, self.timeout)
         self.sent = end
         return end - start
 
     async def finish(self, total_blocks: int) -> int:
-        """Write the remaining blocks with the notification; returns blocks sent in all."""
+        """Write the remaining blocks; returns blocks sent in all, once all have landed."""
         await self.stop()
         if self._error is not None:
             raise self._error
-        notif = self.dest.transfer_id.encode()
         if self.sent < total_blocks:
-            await self._write(self.sent, total_blocks, notif)
-        else:  # everything went early: the notification alone
-            self.core.transport.notify(self.dest.worker_id, notif)
+            await self._write(self.sent, total_blocks)
         return self.sent - self.dest.first_block
 
     async def stop(self) -> None:

@@ -109,8 +109,7 @@ class KVStoreTier:
         ok = False
         try:
             if pairs:
-                await core.transfers.write(peer, [b for b, _ in pairs], [s for _, s in pairs], b"",
-                                           self.timeout)
+                await core.transfers.write(peer, [b for b, _ in pairs], [s for _, s in pairs], self.timeout)
             ok = True
         except _FAILURES as exc:
             self._failed("write", exc)

@@ -39,7 +39,6 @@ class Counters:
     """Totals since start, reported by ``Info`` and ``/metrics``."""
 
     kv_bytes_sent: int = 0
-    kv_transfer_seconds: float = 0.0
     kvstore_fetched_tokens: int = 0
     kvstore_offloaded_blocks: int = 0
     overlapped_blocks: int = 0
@@ -113,7 +112,7 @@ class WorkerCore:
             used_blocks=stats.used, cached_blocks=stats.cached, num_handoffs=eng.handoff.count,
             computed_prompt_tokens=c.computed_prompt_tokens, cached_prompt_tokens=c.cached_prompt_tokens,
             kv_bytes_sent=c.kv_bytes_sent, expired_leases=c.expired_leases,
-            kv_transfer_seconds=c.kv_transfer_seconds, kvstore_fetched_tokens=c.kvstore_fetched_tokens,
+            kv_transfer_seconds=self.transfers.writing.seconds, kvstore_fetched_tokens=c.kvstore_fetched_tokens,
             kvstore_offloaded_blocks=c.kvstore_offloaded_blocks, overlapped_blocks=c.overlapped_blocks,
             queued_prefill_tokens=eng.scheduler.pending_prompt_tokens,
             prefill_us_per_token=1e6 * eng.prefill_cost.s_per_token,
@@ -143,10 +142,8 @@ class WorkerCore:
             info.num_blocks, info.kv_mem_type or "DRAM", info.kv_device_id,
         ))
 
-    async def write_kv(self, peer: str, src: list[int], dst: list[int], notif: bytes,
-                       timeout: float) -> int:
+    async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> int:
         """Write local blocks into a decode worker's; returns bytes moved (counted)."""
-        moved = await self.transfers.write(peer, src, dst, notif, timeout)
+        moved = await self.transfers.write(peer, src, dst, timeout)
         self.counters.kv_bytes_sent += moved.bytes
-        self.counters.kv_transfer_seconds += moved.seconds
         return moved.bytes

@@ -71,16 +71,15 @@ class KVTransport(Protocol):
 
     def remove_peer(self, name: str) -> None: ...
 
-    def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
-        """Start writing local blocks into the peer's blocks; returns a handle to poll."""
+    def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int]) -> object:
+        """Start writing local blocks into the peer's blocks; returns a handle to poll. It
+        polls DONE once the data is in the peer's memory; the peer learns of it from the
+        RPC that follows (no NIXL notification: one holds the connection until the peer
+        polls, and the next write waits behind it)."""
         ...
 
     def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
         """Start reading the peer's blocks into local blocks."""
-        ...
-
-    def notify(self, peer: str, message: bytes) -> None:
-        """Send a notification without data."""
         ...
 
     def poll(self, handle: object) -> TransferState: ...
@@ -89,8 +88,10 @@ class KVTransport(Protocol):
         """Forget a finished (or abandoned) transfer."""
         ...
 
-    def take_notifs(self) -> list[bytes]:
-        """Notifications received from peers since the last call."""
+    def progress(self) -> None:
+        """Drive this side's part of peers' transfers into or out of its pool: a target
+        must progress for some (UCX over TCP moves a peer's WRITE only then, and a new
+        peer's connection is set up only then)."""
         ...
 
     def close(self) -> None: ...

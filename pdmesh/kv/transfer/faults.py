@@ -25,14 +25,11 @@ class DelayedWrites:
     def add_peer(self, peer: PeerLayout) -> None:
         self.inner.add_peer(peer)
 
-    def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
-        return _Delayed(time.monotonic() + self.delay_s, (peer, src_blocks, dst_blocks, notif))
+    def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int]) -> object:
+        return _Delayed(time.monotonic() + self.delay_s, (peer, src_blocks, dst_blocks))
 
     def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
         return self.inner.read(peer, local_blocks, remote_blocks)
-
-    def notify(self, peer: str, message: bytes) -> None:
-        self.inner.notify(peer, message)
 
     def poll(self, handle: object) -> TransferState:
         if isinstance(handle, _Delayed):

@@ -95,31 +95,25 @@ class NixlTransport:
                 self.agent.release_dlist_handle(dlist)
                 self.agent.remove_remote_agent(agent_name)
 
-    def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int], notif: bytes) -> object:
+    def write(self, peer: str, src_blocks: list[int], dst_blocks: list[int]) -> object:
         """Local blocks -> the peer's blocks."""
-        return self._start("WRITE", peer, src_blocks, dst_blocks, notif)
+        return self._start("WRITE", peer, src_blocks, dst_blocks)
 
     def read(self, peer: str, local_blocks: list[int], remote_blocks: list[int]) -> object:
         """The peer's blocks -> local blocks."""
-        return self._start("READ", peer, local_blocks, remote_blocks, b"")
+        return self._start("READ", peer, local_blocks, remote_blocks)
 
-    def _start(self, op: str, peer: str, local: list[int], remote_ids: list[int], notif: bytes) -> object:
+    def _start(self, op: str, peer: str, local: list[int], remote_ids: list[int]) -> object:
         if len(local) != len(remote_ids):
             raise ValueError(f"{len(local)} local blocks for {len(remote_ids)} remote blocks")
         with self._lock:
             _, remote = self._peers[peer]  # type: ignore[misc]
-            handle = self.agent.make_prepped_xfer(op, self._local, local, remote, remote_ids, notif)
+            handle = self.agent.make_prepped_xfer(op, self._local, local, remote, remote_ids)
             state = self.agent.transfer(handle)
             if state == "ERR":
                 self.agent.release_xfer_handle(handle)
                 raise RuntimeError(f"NIXL refused the {op} with {peer}")
         return handle
-
-    def notify(self, peer: str, message: bytes) -> None:
-        """A notification with no data (when every block already went in earlier writes)."""
-        with self._lock:
-            agent_name, _ = self._peers[peer]  # type: ignore[misc]
-            self.agent.send_notif(agent_name, message)
 
     def poll(self, handle: object) -> TransferState:
         with self._lock:
@@ -137,13 +131,11 @@ class NixlTransport:
         except Exception as exc:  # releasing a handle of a dead peer may itself fail
             log.warning("releasing a NIXL transfer handle failed: %s", exc)
 
-    def take_notifs(self) -> list[bytes]:
-        out: list[bytes] = []
+    def progress(self) -> None:
+        # NIXL's Python API has no bare progress call; collecting notifications progresses
+        # every UCX worker of the agent (our peers send none, so there is nothing to read).
         with self._lock:
-            notifs = self.agent.get_new_notifs()
-        for msgs in notifs.values():
-            out.extend(msgs)
-        return out
+            self.agent.get_new_notifs()
 
     def close(self) -> None:
         with self._lock:

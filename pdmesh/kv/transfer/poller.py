@@ -1,13 +1,13 @@
-"""Drive NIXL transfers and notifications from a thread of their own, not the event loop.
+"""Drive NIXL transfers from a thread of their own, not the event loop.
 
-On CPU, UCX moves a transfer's bytes and delivers notifications only when its owner polls
-(the NIXL progress thread is off: it spins a whole core). Polled from the event loop, a
-worker under load checked a transfer only when its loop came round, between gRPC
-messages of every other request: in ``pdmesh bench mesh`` a prefill worker's 4 MiB
-writes took 17 ms each under load against 2.4 ms for raw NIXL (0.13x). This thread polls
-every in-flight handle every ``busy_interval_s``, and on a decode worker the
-notifications every ``await_interval_s`` while a reservation awaits its KV (every
-``idle_interval_s`` otherwise); results go back to the loop with
+UCX moves a transfer only when its owner polls (the NIXL progress thread is off: it spins
+a whole core), and over some transports also only while the target progresses. Polled
+from the event loop, a worker under load checked a transfer only when its loop came
+round, between gRPC messages of every other request: in ``pdmesh bench mesh`` a prefill
+worker's 4 MiB writes took 17 ms each under load against 2.4 ms for raw NIXL (0.13x). This
+thread polls every in-flight handle every ``busy_interval_s``, and on a transfer target (a
+decode worker) drives progress every ``await_interval_s`` while a reservation awaits its
+KV (every ``idle_interval_s`` otherwise); results go back to the loop with
 ``call_soon_threadsafe``. Waiting releases the GIL, so a pass costs the engine thread
 only the few microseconds it takes.
 
@@ -31,14 +31,14 @@ log = logging.getLogger(__name__)
 BUSY_INTERVAL_S = 0.0001
 """Between passes while a transfer this worker started is in flight (it is short)."""
 AWAIT_INTERVAL_S = 0.002
-"""Between notification polls while a reservation awaits its KV, i.e. for a whole prefill
-on another worker: at 0.1 ms these wake-ups took cores from that very prefill (on 2
-cores a lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms), while a
-write's completion waits at most one interval for the receiver's poll (transfer p50
-0.7-1.3 ms at 0.1 ms, 0.9-1.8 ms at 2 ms; docs/performance.md section 11)."""
+"""Between progress passes while a reservation awaits its KV, i.e. for a whole prefill on
+another worker: at 0.1 ms these wake-ups took cores from that very prefill (on 2 cores a
+lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms; docs/performance.md
+section 11). Over shared memory (UCX's ``cma``) a write needs no pass on the target at all;
+over TCP each of its parts waits for one."""
 IDLE_INTERVAL_S = 0.05
-"""Between notification polls with nothing awaited: writes into this worker's pool whose
-reservation lapsed must still complete, so polling never stops while a sink is set. A new
+"""Between progress passes with nothing awaited: writes into this worker's pool whose
+reservation lapsed must still complete, so passes never stop on a target. A new
 reservation pokes the poller onto the await rate at once (``poke``), so this interval
 delays only such lapsed writes; at 5 ms an idle decode worker woke 200 times a second,
 and every mesh process's wake-ups slow the others' prefill on a small machine
@@ -52,15 +52,6 @@ class _Watch:
     what: str
 
 
-@dataclass(slots=True)
-class _NotifSink:
-    loop: asyncio.AbstractEventLoop
-    deliver: Callable[[list[bytes]], None]
-    """Called on ``loop`` with the notifications of one poll."""
-    awaiting: Callable[[], bool]
-    """Read from the poller thread: whether to poll at the busy rate."""
-
-
 class TransferPoller:
     def __init__(self, transport: KVTransport, busy_interval_s: float = BUSY_INTERVAL_S,
                  await_interval_s: float = AWAIT_INTERVAL_S, idle_interval_s: float = IDLE_INTERVAL_S) -> None:
@@ -69,7 +60,9 @@ class TransferPoller:
         self.await_interval_s = await_interval_s
         self.idle_interval_s = idle_interval_s
         self._watches: dict[int, tuple[object, _Watch]] = {}
-        self._sink: _NotifSink | None = None
+        self._awaiting: Callable[[], bool] | None = None
+        """Set on a transfer target: read from this thread, whether a reservation awaits
+        its KV (progress at the await rate)."""
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
         self._closed = False
@@ -90,11 +83,12 @@ class TransferPoller:
         with self._mutex:
             self._watches.pop(id(handle), None)
 
-    def deliver_notifs(self, deliver: Callable[[list[bytes]], None], awaiting: Callable[[], bool]) -> None:
-        """Poll notifications from now on and hand each batch to ``deliver`` on this loop."""
+    def drive_progress(self, awaiting: Callable[[], bool]) -> None:
+        """Make progress for peers' transfers into this pool from now on, at the await rate
+        while ``awaiting()`` (read from this thread, so it must be safe there)."""
         with self._wake:
             self._ensure_thread()
-            self._sink = _NotifSink(asyncio.get_running_loop(), deliver, awaiting)
+            self._awaiting = awaiting
             self._wake.notify()
 
     def poke(self) -> None:
@@ -119,13 +113,13 @@ class TransferPoller:
         while True:
             try:
                 with self._wake:
-                    while not self._watches and self._sink is None and not self._closed:
+                    while not self._watches and self._awaiting is None and not self._closed:
                         self._wake.wait()
                     if self._closed:
                         return
                     transferring = self._poll_transfers()
-                    sink = self._sink
-                awaiting = sink is not None and self._poll_notifs(sink)
+                    awaiting_fn = self._awaiting
+                awaiting = awaiting_fn is not None and self._progress(awaiting_fn)
             except Exception:  # the thread must outlive any one pass: every transfer needs it
                 log.exception("NIXL poller pass failed")
                 transferring = awaiting = False
@@ -138,25 +132,28 @@ class TransferPoller:
         """One pass over the watched handles (called holding ``_mutex``); returns whether
         any is still in flight."""
         for key, (handle, w) in list(self._watches.items()):
-            try:
-                state = self.transport.poll(handle)
-            except Exception as exc:
-                log.warning("KV %s failed while polling: %s", w.what, exc)
-                state = TransferState.FAILED
+            state = poll_state(self.transport, handle, w.what)
             if state is not TransferState.PENDING:
                 del self._watches[key]
                 _post(w.loop, _settle, w.future, (state, time.perf_counter()))
         return bool(self._watches)
 
-    def _poll_notifs(self, sink: _NotifSink) -> bool:
+    def _progress(self, awaiting: Callable[[], bool]) -> bool:
         try:
-            notifs = self.transport.take_notifs()
+            self.transport.progress()
         except Exception as exc:  # a transport error must not end the thread
-            log.warning("polling NIXL notifications failed: %s", exc)
+            log.warning("NIXL progress failed: %s", exc)
             return False
-        if notifs:
-            _post(sink.loop, sink.deliver, notifs)
-        return sink.awaiting()
+        return awaiting()
+
+
+def poll_state(transport: KVTransport, handle: object, what: str) -> TransferState:
+    """A transfer's state; FAILED when polling itself raises (a peer that died mid-transfer)."""
+    try:
+        return transport.poll(handle)
+    except Exception as exc:
+        log.warning("KV %s failed while polling: %s", what, exc)
+        return TransferState.FAILED
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:

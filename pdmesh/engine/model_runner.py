@@ -10,6 +10,7 @@ the same kernel and arithmetic as k + 1 ordinary decode steps, in one forward pa
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,9 @@ class ModelRunner:
         self.kv = kv
         self.backend = backend
         model.use_kernels(backend.kernels)
+        mode = os.environ.get("PDMESH_ONEDNN", "auto")  # auto (measured here), always, 0
+        if device == "cpu" and dtype == torch.float32 and mode != "0":
+            model.use_onednn(always=mode == "always")
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
         self.kv_cache = torch.zeros((num_blocks, *layout.block_shape), dtype=dtype, device=self.device)

@@ -14,6 +14,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from pdmesh.model import onednn
 from pdmesh.model.config import RopeConfig
 
 MM_MAX_ROWS = 256
@@ -28,18 +29,26 @@ gave 0.91-0.98x, at 40 1.09x (docs/performance.md, section 12)."""
 
 
 FewRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Packed = tuple[torch.Tensor, onednn.LinearPlan]
+"""A weight in oneDNN's layout and the row regimes that use it."""
 """``linear_rows(x, weight) -> x @ weight.T`` from the CPU kernels (``csrc/linear_rows.cpp``)."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           few_rows: FewRows | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``. On CPU, for up to ``KERNEL_MAX_ROWS`` flattened float32
-    tokens, ``few_rows`` when given (pdmesh's kernel, ``few_rows_kernel``); for up to
-    ``MM_MAX_ROWS``, computed as ``(weight @ x.T).T``: the same products, but MKL's kernel
-    for a tall weight times a few columns is 1.2-2.6x faster than ``F.linear``'s few-rows
-    path at 1 to 256 rows on our AMD machines (docs/performance.md, "Linear layers"). The
-    result is then a transposed view, which every consumer here accepts. Elsewhere (CUDA,
-    3-D inputs, long prefill chunks) it is ``F.linear``."""
+           few_rows: FewRows | None = None, packed: Packed | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias``. On CPU, oneDNN's product with ``packed``'s weight for the
+    row counts its plan took it for (``onednn.choose``). Otherwise, for up to
+    ``KERNEL_MAX_ROWS`` flattened float32 tokens, ``few_rows`` when given (pdmesh's kernel,
+    ``few_rows_kernel``); for up to ``MM_MAX_ROWS``, computed as ``(weight @ x.T).T``: the
+    same products, but MKL's kernel for a tall weight times a few columns is 1.2-2.6x
+    faster than ``F.linear``'s few-rows path at 1 to 256 rows on our AMD machines
+    (docs/performance.md, "Linear layers"). The result is then a transposed view, which
+    every consumer here accepts. Elsewhere (CUDA, 3-D inputs, long prefill chunks) it is
+    ``F.linear``."""
+    if packed is not None and x.dim() == 2 and x.device.type == "cpu":
+        weight_packed, plan = packed
+        if plan.few if x.shape[0] <= KERNEL_MAX_ROWS else plan.many:
+            return onednn.product(x, weight_packed, bias)
     if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
         if (few_rows is not None and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype == torch.float32
                 and weight.dtype == torch.float32 and weight.is_contiguous()):
@@ -61,9 +70,11 @@ class Linear(nn.Linear):
 
     few_rows: FewRows | None = None
     """The CPU kernels' few-row product when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
+    packed: Packed | None = None
+    """oneDNN's copy of the weight and the rows it is used for (``LlamaForCausalLM.use_onednn``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.few_rows)
+        return linear(x, self.weight, self.bias, self.few_rows, self.packed)
 
 
 class RMSNorm(nn.Module):

@@ -15,11 +15,14 @@ from torch import nn
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
 from pdmesh.errors import UnsupportedModelError
+from pdmesh.model import onednn
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import (
+    KERNEL_MAX_ROWS,
     FewRows,
     GatedMLP,
     Linear,
+    Packed,
     RMSNorm,
     RotaryEmbedding,
     apply_rope_,
@@ -94,6 +97,8 @@ class LlamaForCausalLM(nn.Module):
         )
         self.few_rows: FewRows | None = None
         """The CPU kernels' few-row product for the LM head (``use_kernels``)."""
+        self.head_packed: Packed | None = None
+        """oneDNN's copy of the LM head's weight (``use_onednn``)."""
 
     def use_kernels(self, kernels: ModuleType | None) -> None:
         """Run norms, rotary embedding, SiLU x up and few-row linear products with pdmesh's
@@ -105,6 +110,25 @@ class LlamaForCausalLM(nn.Module):
                 m.kernels = kernels
             elif isinstance(m, Linear):
                 m.few_rows = self.few_rows
+
+    def use_onednn(self, always: bool = False) -> onednn.LinearPlan:
+        """Measure oneDNN's packed-weight product against the current one on this model's
+        weights (call after ``use_kernels``) and pack every weight where it wins, or
+        everywhere when ``always``: a second copy of the weights in oneDNN's layout
+        (``pdmesh.model.onednn``)."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        head = self._head_weight()
+        plan = onednn.LinearPlan(few=True, many=True) if always and onednn.available() else onednn.choose(
+            [m.weight for m in linears] + [head], lambda x, w: linear(x, w, few_rows=self.few_rows),
+            KERNEL_MAX_ROWS)
+        if plan.any:
+            for m in linears:
+                m.packed = (onednn.pack(m.weight), plan)
+            self.head_packed = (onednn.pack(head), plan)
+        return plan
+
+    def _head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     @torch.inference_mode()
     def forward(
@@ -122,8 +146,7 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
         h = self.norm(h[logits_indices])
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return linear(h, weight, few_rows=self.few_rows).float()
+        return linear(h, self._head_weight(), few_rows=self.few_rows, packed=self.head_packed).float()
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,0 +1,47 @@
+"""oneDNN's packed-weight product: the same values as ``F.linear`` to float32 rounding, and,
+forced on for every row count, greedy tokens still those of ``transformers`` (on machines
+where the measurement picks it, ``PDMESH_ONEDNN=auto``, it runs for some row counts only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdmesh import LLM, SamplingParams
+from pdmesh.model import onednn
+from pdmesh.model.layers import KERNEL_MAX_ROWS, linear
+from tests.conftest import mixed_prompts
+
+pytestmark = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN (mkldnn)")
+
+
+@pytest.mark.parametrize("rows", [1, 7, KERNEL_MAX_ROWS, 64, 300])
+def test_the_packed_product_matches_f_linear(rows: int) -> None:
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(96, 512), torch.randn(96)
+    x = torch.randn(rows, 512)
+    plan = onednn.LinearPlan(few=True, many=True)
+    got = linear(x, weight, bias, packed=(onednn.pack(weight), plan))
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+    # A transposed view (what ``linear``'s few-row path returns) is read as the rows it is.
+    torch.testing.assert_close(linear(x.t().contiguous().t(), weight, None, packed=(onednn.pack(weight), plan)),
+                               x @ weight.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_plan_is_taken_only_where_it_pays() -> None:
+    weights = [torch.randn(64, 64)]
+    free = onednn.choose(weights, lambda x, w: x, KERNEL_MAX_ROWS)
+    assert free == onednn.LinearPlan()  # a product that costs nothing is never replaced
+    slow = onednn.choose(weights, lambda x, w: [x @ w.t() for _ in range(50)][-1], KERNEL_MAX_ROWS)
+    assert slow.few and slow.many  # 50 products against one: oneDNN wins both regimes
+
+
+def test_greedy_matches_transformers_with_onednn_everywhere(monkeypatch, llama_dir, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PDMESH_ONEDNN", "always")
+    prompts = mixed_prompts(10, seed=1)
+    llm = LLM(str(llama_dir), dtype="float32", num_blocks=512)
+    head = llm.engine.runner.model.head_packed
+    assert head is not None and head[1].few and head[1].many
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
+    want = [hf_refs["llama"].greedy(p, 24) for p in prompts]
+    assert [o.outputs[0].token_ids for o in outs] == want

@@ -45,10 +45,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (docs/performance.md, "Linear layers"). The result is then a transposed view, which
     every consumer here accepts. Elsewhere (CUDA, 3-D inputs, long prefill chunks) it is
     ``F.linear``."""
-    if packed is not None and x.dim() == 2 and x.device.type == "cpu":
+    if packed is not None and x.device.type == "cpu":
         weight_packed, plan = packed
-        if plan.few if x.shape[0] <= KERNEL_MAX_ROWS else plan.many:
-            return onednn.product(x, weight_packed, bias)
+        if plan.few if x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS else plan.many:
+            flat = onednn.product(x.reshape(-1, x.shape[-1]), weight_packed, bias)
+            return flat.reshape(*x.shape[:-1], flat.shape[-1])
     if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
         if (few_rows is not None and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype == torch.float32
                 and weight.dtype == torch.float32 and weight.is_contiguous()):

@@ -114,9 +114,10 @@ class LlamaForCausalLM(nn.Module):
     def use_onednn(self, always: bool = False) -> onednn.LinearPlan:
         """Measure oneDNN's packed-weight product against the current one on this model's
         weights (call after ``use_kernels``) and pack every weight where it wins, or
-        everywhere when ``always``: a second copy of the weights in oneDNN's layout
-        (``pdmesh.model.onednn``)."""
-        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        everywhere when ``always``, in oneDNN's layout (``pdmesh.model.onednn``). Where it
+        wins for every row count the original weights are never read again and are freed
+        (the embedding's, which a tied LM head shares, stays); otherwise both copies stay."""
+        linears = [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]
         head = self._head_weight()
         plan = onednn.LinearPlan(few=True, many=True) if always and onednn.available() else onednn.choose(
             [m.weight for m in linears] + [head], lambda x, w: linear(x, w, few_rows=self.few_rows),
@@ -125,6 +126,9 @@ class LlamaForCausalLM(nn.Module):
             for m in linears:
                 m.packed = (onednn.pack(m.weight), plan)
             self.head_packed = (onednn.pack(head), plan)
+        if plan.few and plan.many:
+            for m in [*linears, *([self.lm_head] if self.lm_head is not None else [])]:
+                m.weight = nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)
         return plan
 
     def _head_weight(self) -> torch.Tensor:

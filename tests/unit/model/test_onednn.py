@@ -9,7 +9,7 @@ import torch
 
 from pdmesh import LLM, SamplingParams
 from pdmesh.model import onednn
-from pdmesh.model.layers import KERNEL_MAX_ROWS, linear
+from pdmesh.model.layers import KERNEL_MAX_ROWS, Linear, linear
 from tests.conftest import mixed_prompts
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN (mkldnn)")
@@ -40,8 +40,10 @@ def test_greedy_matches_transformers_with_onednn_everywhere(monkeypatch, llama_d
     monkeypatch.setenv("PDMESH_ONEDNN", "always")
     prompts = mixed_prompts(10, seed=1)
     llm = LLM(str(llama_dir), dtype="float32", num_blocks=512)
-    head = llm.engine.runner.model.head_packed
-    assert head is not None and head[1].few and head[1].many
+    model = llm.engine.runner.model
+    assert model.head_packed is not None and model.head_packed[1].few and model.head_packed[1].many
+    # Used for every row count: only oneDNN's copy of the weights is kept.
+    assert all(m.weight.numel() == 0 for m in model.modules() if isinstance(m, Linear))
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
     want = [hf_refs["llama"].greedy(p, 24) for p in prompts]
     assert [o.outputs[0].token_ids for o in outs] == want

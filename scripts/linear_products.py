@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,16 +26,8 @@ from pdmesh.model.layers import few_rows_kernel, linear
 ROWS = (1, 4, 8, 16, 31, 64, 256, 1024)
 
 
-def _best(fn: Callable[[], object], rounds: int = 5, reps: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / reps)
-    return best
+def _best(fn: Callable[[], object]) -> float:
+    return onednn.best_seconds(fn, rounds=5, reps=30, warmup=5)
 
 
 def main() -> None:

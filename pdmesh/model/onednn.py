@@ -72,8 +72,8 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int) -> 
     choice = {}
     for rows in (min(FEW_ROWS_PROBE, max_few_rows), MANY_ROWS_PROBE):
         xs = {s: torch.randn(rows, s[1]) for s in shapes}
-        ours = _seconds(lambda: [current(xs[s], w) for s, w in shapes.items()])
-        theirs = _seconds(lambda: [product(xs[s], packed[s], None) for s in shapes])
+        ours = best_seconds(lambda: [current(xs[s], w) for s, w in shapes.items()])
+        theirs = best_seconds(lambda: [product(xs[s], packed[s], None) for s in shapes])
         choice[rows] = ours / theirs
     few, many = choice[min(FEW_ROWS_PROBE, max_few_rows)], choice[MANY_ROWS_PROBE]
     plan = LinearPlan(few=few >= MARGIN, many=many >= MARGIN)
@@ -84,9 +84,10 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int) -> 
     return plan
 
 
-def _seconds(fn: Callable[[], object], rounds: int = 5, reps: int = 6) -> float:
-    """Best of ``rounds`` of ``reps`` calls, after a warm-up."""
-    fn()
+def best_seconds(fn: Callable[[], object], rounds: int = 5, reps: int = 6, warmup: int = 1) -> float:
+    """Seconds per call: the best of ``rounds`` of ``reps`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
     best = float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()

@@ -29,9 +29,9 @@ gave 0.91-0.98x, at 40 1.09x (docs/performance.md, section 12)."""
 
 
 FewRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``linear_rows(x, weight) -> x @ weight.T`` from the CPU kernels (``csrc/linear_rows.cpp``)."""
 Packed = tuple[torch.Tensor, onednn.LinearPlan]
 """A weight in oneDNN's layout and the row regimes that use it."""
-"""``linear_rows(x, weight) -> x @ weight.T`` from the CPU kernels (``csrc/linear_rows.cpp``)."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -2,7 +2,7 @@
 
 torch's CPU build sends ``F.linear`` to MKL, which on AMD processors runs its AVX2 code
 even where the CPU has AVX-512: on a 2-core AMD EPYC with AVX-512 the model's shapes ran
-at ~200 GFLOP/s through MKL and at 415-540 through oneDNN with weights packed once
+at ~200 GFLOP/s through MKL and at 400-540 through oneDNN with weights packed once
 (``torch.ops.mkldnn._reorder_linear_weight``, as inductor's CPU freezing and vLLM-CPU
 do): 2.0-2.5x from 8 rows up (docs/performance.md section 15). On an AVX2-only EPYC the
 two were within 4% of each other. So each engine measures both on its own weights when
@@ -50,7 +50,7 @@ def available() -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 CPU weight [out, in] in oneDNN's blocked layout (a second copy)."""
+    """A float32 CPU weight [out, in] copied into oneDNN's blocked layout."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS_HINT)
 
 

@@ -126,7 +126,8 @@ class PrefillServicer:
 
     def Prefill(self, request, context):
         """Prefill the prompt (reusing this worker's prefix cache), write the KV of the blocks
-        the destination does not already hold, notify the destination, return the first token.
+        the destination does not already hold, return the first token once every write is
+        complete at the destination.
         ABORTED when the transfer fails (dead peer, deadline); the source blocks are freed
         whatever happens.
         """

@@ -6,8 +6,9 @@ Request lifecycle (one ``Prefill`` call):
   3. held       — the sequence ends FINISHED_KV_HELD: the engine keeps the prompt's blocks;
   4. writing    — NIXL WRITEs the blocks the decode worker lacks into its reservation;
                   full blocks go as soon as their chunk is computed (overlapping the next
-                  chunk), the rest once the prompt is done, with the transfer id as the
-                  notification; every write is polled against a deadline;
+                  chunk), the rest once the prompt is done; every write is polled
+                  against a deadline, and the answer waits until all are DONE (in the
+                  decode worker's memory: the router's ``Decode`` that follows says so);
   5. offloaded  — with a kvstore, the prompt's full blocks it lacks are copied there in the
                   background (the response does not wait);
   6. released   — the held blocks are freed (they stay in this worker's prefix cache),

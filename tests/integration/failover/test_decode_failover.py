@@ -90,18 +90,23 @@ def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
     lock = threading.Lock()
     killed: list = []  # the decode worker killed
 
-    def used_blocks(worker) -> int:  # type: ignore[no-untyped-def]
+    def running(worker) -> int:  # type: ignore[no-untyped-def]
         with grpc.insecure_channel(worker.address) as ch:
-            return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5).used_blocks
+            return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5).num_running
 
     def count() -> None:
         with lock:
             streamed[0] += 1
-            if streamed[0] == 24 * 20 and not killed:  # ~20 tokens into every stream
-                # The worker serving the most streams now: routing by load and by the
-                # conversation a worker holds may have left the other one without any.
-                killed.append(max(mesh.decode, key=used_blocks))
-                killed[0].popen.kill()
+            # From ~20 tokens per stream on, checked every 24 tokens: the worker decoding
+            # the most streams now, once it decodes any (routing by load and by the
+            # conversation a worker holds may have left the other one without any, and
+            # with one prefill worker for 24 prompts many requests may still wait for
+            # their KV, reserved on a worker that streams nothing yet).
+            if streamed[0] >= 24 * 20 and streamed[0] % 24 == 0 and not killed:
+                victim = max(mesh.decode, key=running)
+                if running(victim):
+                    killed.append(victim)
+                    victim.popen.kill()
 
     started = time.monotonic()
     gaps: list[float] = []

@@ -63,8 +63,10 @@ def start_vllm(peer_dir: str, model: str, dtype: str, timeout_s: float = 600.0) 
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="pdmesh-peer-")) / "vllm.log"
     proc = subprocess.Popen(
+        # --enable-prompt-tokens-details: vLLM then reports cached prompt tokens in usage,
+        # so the table's "cached" column compares both servers (it read 0.00 without).
         [str(wrapper), "serve", model, "--dtype", dtype, "--max-model-len", "2048", "--enforce-eager",
-         "--host", "127.0.0.1", "--port", str(port)],
+         "--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"

@@ -18,23 +18,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
+from pdmesh.bench.raw_nixl import transfer_target
+
 BLOCK_BYTES, BLOCKS, WRITES = 256 * 1024, 16, 30
 WAYS = ("plain", "carried", "after")
-
-
-def _target(conn, name: str, interval: float) -> None:  # type: ignore[no-untyped-def]
-    import torch
-
-    from pdmesh.kv.transfer.base import KVRegion
-    from pdmesh.kv.transfer.nixl import NixlTransport
-
-    pool = torch.zeros(BLOCKS, BLOCK_BYTES // 4)  # registered: must outlive the agent
-    t = NixlTransport(name, KVRegion.of_tensor(pool))
-    conn.send((t.metadata(), t.base_addr))
-    while not conn.poll(interval):
-        t.progress()
-    conn.recv()
-    t.close()
 
 
 def run(run_id: int, interval: float) -> dict[str, list[float]]:
@@ -46,7 +33,7 @@ def run(run_id: int, interval: float) -> dict[str, list[float]]:
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     dst = f"notif-dst-{run_id}"  # fresh agent names: a closed agent's peers remember it
-    proc = ctx.Process(target=_target, args=(there, dst, interval))
+    proc = ctx.Process(target=transfer_target, args=(there, BLOCK_BYTES, BLOCKS, dst, interval))
     proc.start()
     meta, base = here.recv()
     pool = torch.randn(BLOCKS, BLOCK_BYTES // 4)  # registered: must outlive the agent

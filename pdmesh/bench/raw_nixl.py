@@ -8,18 +8,21 @@ import multiprocessing as mp
 import time
 
 
-def _raw_nixl_receiver(conn, block_bytes: int, blocks: int) -> None:  # type: ignore[no-untyped-def]
+def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst",  # type: ignore[no-untyped-def]
+                    interval: float | None = None) -> None:
+    """A process's body: a NIXL agent over a zeroed pool that sends ``(metadata, base
+    address)`` on ``conn``, then only drives UCX progress every ``interval`` seconds (a
+    decode worker's await rate by default) until ``conn`` says stop."""
     import torch
 
     from pdmesh.kv.transfer.base import KVRegion
     from pdmesh.kv.transfer.nixl import NixlTransport
-
-    buf = torch.zeros(blocks, block_bytes // 4)
-    t = NixlTransport("raw-dst", KVRegion.of_tensor(buf))
-    conn.send((t.metadata(), t.base_addr))
     from pdmesh.kv.transfer.poller import AWAIT_INTERVAL_S
 
-    while not conn.poll(AWAIT_INTERVAL_S):  # drive UCX progress on the target, as a worker does
+    pool = torch.zeros(blocks, block_bytes // 4)  # registered: must outlive the agent
+    t = NixlTransport(name, KVRegion.of_tensor(pool))
+    conn.send((t.metadata(), t.base_addr))
+    while not conn.poll(AWAIT_INTERVAL_S if interval is None else interval):
         t.progress()
     conn.recv()
     t.close()
@@ -33,7 +36,7 @@ def raw_nixl_gib_s(block_bytes: int, blocks: int) -> float:
 
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_raw_nixl_receiver, args=(there, block_bytes, blocks))
+    proc = ctx.Process(target=transfer_target, args=(there, block_bytes, blocks))
     proc.start()
     meta, base = here.recv()
     pool = torch.randn(blocks, block_bytes // 4)

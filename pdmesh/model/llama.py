@@ -119,9 +119,8 @@ class LlamaForCausalLM(nn.Module):
         (the embedding's, which a tied LM head shares, stays); otherwise both copies stay."""
         linears = [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]
         head = self._head_weight()
-        plan = onednn.LinearPlan(few=True, many=True) if always and onednn.available() else onednn.choose(
-            [m.weight for m in linears] + [head], lambda x, w: linear(x, w, few_rows=self.few_rows),
-            KERNEL_MAX_ROWS)
+        plan = onednn.choose([m.weight for m in linears] + [head],
+                             lambda x, w: linear(x, w, few_rows=self.few_rows), KERNEL_MAX_ROWS, always)
         if plan.any:
             for m in linears:
                 m.packed = (onednn.pack(m.weight), plan)

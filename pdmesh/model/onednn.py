@@ -62,11 +62,19 @@ def product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
 Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int) -> LinearPlan:
+def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, always: bool = False) -> LinearPlan:
     """Time ``current(x, weight)`` (the product ``linear`` uses now) against oneDNN's on
-    each distinct weight shape, at ``FEW_ROWS_PROBE`` and ``MANY_ROWS_PROBE`` rows."""
+    each distinct weight shape, at ``FEW_ROWS_PROBE`` and ``MANY_ROWS_PROBE`` rows; with
+    ``always``, oneDNN for every row count without measuring."""
+    if not available():
+        (log.warning if always else log.info)(
+            "this torch build has no oneDNN (mkldnn): linear products stay MKL's / pdmesh's")
+        return LinearPlan()
+    if always:
+        log.info("linear products: oneDNN for every row count (PDMESH_ONEDNN=always)")
+        return LinearPlan(few=True, many=True)
     shapes = {tuple(w.shape): w for w in weights if w.dtype == torch.float32 and w.device.type == "cpu"}
-    if not shapes or not available():
+    if not shapes:
         return LinearPlan()
     packed = {s: pack(w) for s, w in shapes.items()}
     choice = {}

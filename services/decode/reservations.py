@@ -24,9 +24,7 @@ class Reservation:
     """``{request_id}/{nonce}``: names this reservation, not an earlier one of the same
     request (released, then reserved again); ``Decode`` must carry it."""
     lease_expiry_ms: int
-    """Unix ms after which an unclaimed reservation is freed."""
-    claimed: bool = False
-    """``Decode`` has taken it: the lease reaper leaves it alone."""
+    """Unix ms after which the reservation is freed, unless ``Decode`` claimed it first."""
 
 
 class Reservations:
@@ -49,28 +47,28 @@ class Reservations:
         return res
 
     def claim(self, request_id: str, transfer_id: str) -> Reservation:
-        """``Decode`` takes the reservation whose KV was written for ``transfer_id``."""
+        """``Decode`` takes the reservation whose KV was written for ``transfer_id``: the
+        record leaves this table (the lease reaper no longer sees it; the blocks are the
+        engine's request's from here on)."""
         res = self._by_request.get(request_id)
-        if res is None or res.claimed:
-            raise UnknownRequestError(f"no reservation for {request_id} (expired or released)")
+        if res is None:
+            raise UnknownRequestError(f"no reservation for {request_id} (expired, released or claimed)")
         if transfer_id != res.transfer_id:
             raise UnknownRequestError(
                 f"the reservation of {request_id} for transfer {transfer_id!r} was released and "
                 f"replaced (now {res.transfer_id!r}); its KV was written elsewhere"
             )
-        res.claimed = True
-        return res
+        return self._by_request.pop(request_id)
 
     def pop(self, request_id: str) -> Reservation | None:
         return self._by_request.pop(request_id, None)
 
     def expired(self) -> list[str]:
-        """Unclaimed reservations whose lease has ended."""
+        """Reservations (all unclaimed) whose lease has ended."""
         now = now_ms()
-        return [r.request_id for r in self._by_request.values()
-                if not r.claimed and r.lease_expiry_ms <= now]
+        return [r.request_id for r in self._by_request.values() if r.lease_expiry_ms <= now]
 
     def awaiting_kv(self) -> bool:
-        """Whether any reservation may still be written into (unclaimed). Read from the
-        transfer poller's thread: a copy, never the live dict."""
-        return any(not r.claimed for r in list(self._by_request.values()))
+        """Whether any reservation may still be written into (all are unclaimed). Read from
+        the transfer poller's thread: ``len`` of a dict is one atomic read."""
+        return len(self._by_request) > 0

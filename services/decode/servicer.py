@@ -107,11 +107,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         core = self.core
         rid = request.request_id
-        self.reservations.claim(rid, request.transfer_id)  # Decode owns the reservation from here on
+        self.reservations.claim(rid, request.transfer_id)  # Decode owns the blocks from here on
         span = tracing.start_span("decode", tracing.incoming(context), request_id=rid)
         bind_request(rid, span)
         try:
-            self.reservations.pop(rid)
             lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
 
             def commit() -> None:

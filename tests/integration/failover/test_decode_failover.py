@@ -103,8 +103,9 @@ def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
             # with one prefill worker for 24 prompts many requests may still wait for
             # their KV, reserved on a worker that streams nothing yet).
             if streamed[0] >= 24 * 20 and streamed[0] % 24 == 0 and not killed:
-                victim = max(mesh.decode, key=running)
-                if running(victim):
+                counts = {w.name: running(w) for w in mesh.decode}
+                victim = max(mesh.decode, key=lambda w: counts[w.name])
+                if counts[victim.name]:
                     killed.append(victim)
                     victim.popen.kill()
 

@@ -9,10 +9,10 @@ def test_one_record_from_reserve_to_claim() -> None:
     res = rs.add("r1", lease_ms=60_000)
     assert res.transfer_id.startswith("r1/") and len(rs) == 1 and rs.awaiting_kv()
     assert rs.claim("r1", res.transfer_id) is res
-    assert not rs.awaiting_kv()  # claimed: nothing more is written into it
-    with pytest.raises(UnknownRequestError, match="expired or released"):
+    assert not rs.awaiting_kv() and len(rs) == 0  # claimed: nothing more is written into it
+    with pytest.raises(UnknownRequestError, match="expired, released or claimed"):
         rs.claim("r1", res.transfer_id)  # a second Decode for the same reservation
-    assert rs.pop("r1") is res and len(rs) == 0
+    assert rs.pop("r1") is None
 
 
 def test_a_decode_for_an_earlier_reservation_of_the_request_is_refused() -> None:
@@ -25,7 +25,7 @@ def test_a_decode_for_an_earlier_reservation_of_the_request_is_refused() -> None
     assert new.transfer_id != old.transfer_id
     with pytest.raises(UnknownRequestError, match="released and replaced"):
         rs.claim("r1", old.transfer_id)
-    assert not new.claimed
+    assert len(rs) == 1 and rs.awaiting_kv()  # the live reservation is untouched
     assert rs.claim("r1", new.transfer_id) is new
 
 

@@ -28,6 +28,7 @@ from pdmesh.engine.resume import Resume
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.request import RequestOutput
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.telemetry.thread_name import name_os_thread
 
 log = logging.getLogger(__name__)
 LEND_AFTER_IDLE_S = 0.1
@@ -141,6 +142,7 @@ class AsyncLLMEngine:
             self._thread.start()
 
     def _run(self) -> None:
+        name_os_thread("pdmesh-engine")  # its OpenMP pool inherits the name
         eng = self.engine
         while not self._stopping:
             self._apply_aborts()

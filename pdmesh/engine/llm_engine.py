@@ -28,6 +28,7 @@ from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.engine.spec.speculator import Verified, build_speculator
 from pdmesh.engine.step_cost import TokenCost
+from pdmesh.engine.step_log import StepLog
 from pdmesh.engine.stopping import finish_status
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher
@@ -79,6 +80,7 @@ class LLMEngine:
         """Guards scheduler, pool and request state; not held during the forward pass."""
         self.prefill_cost = TokenCost()
         """Measured seconds per prompt token (advertised to routers)."""
+        self.step_log = StepLog.from_env()
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -203,8 +205,13 @@ class LLMEngine:
         started = time.perf_counter()
         result = self.runner.forward(prepared) if prepared is not None else None
         # Steps that are mostly prompt: decode rows cost far less than a prompt token.
-        if result is not None and (prompt := sched.num_prompt_tokens) >= 0.9 * sched.num_batched_tokens > 0:
-            self.prefill_cost.observe(prompt, time.perf_counter() - started)
+        seconds, prompt = time.perf_counter() - started, sched.num_prompt_tokens if sched else 0
+        if result is not None and prompt >= 0.9 * sched.num_batched_tokens > 0:
+            self.prefill_cost.observe(prompt, seconds)
+        if self.step_log is not None and result is not None:
+            self.step_log.record(time.monotonic() - seconds, seconds, prompt,
+                                 sum(1 for s in sched.scheduled if s.num_new_tokens == 1),
+                                 self.scheduler.num_waiting)
         with self.lock:
             return self._finish_step(sched, result)
 

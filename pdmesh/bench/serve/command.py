@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pdmesh.bench.serve import report, servers
+from pdmesh.bench.serve import cpu, report, servers
 from pdmesh.bench.serve.metrics import SLO, summarize
 from pdmesh.bench.serve.runner import Arrivals, run
 from pdmesh.bench.serve.targets import GrpcTarget, OpenAITarget, Record, Target
@@ -88,12 +88,15 @@ def _target(started: servers.Started, args: argparse.Namespace) -> Target:
 
 
 async def _measure(make: Callable[[], Target], spec: WorkloadSpec, arrivals: Arrivals, progress: bool
-                   ) -> tuple[list[Record], float]:
+                   ) -> tuple[list[Record], float, dict[str, dict[str, float]]]:
+    """Records, seconds, and the CPU seconds each process and thread spent meanwhile."""
     target = make()  # inside the loop: clients bind to it
     try:
         await run(target, build(WorkloadSpec(num_requests=2, input_len=16, output_len=4, vocab=spec.vocab,
                                              seed=spec.seed + 99)), Arrivals(), progress=False)  # warm-up
-        return await run(target, build(spec), arrivals, progress)
+        before = cpu.snapshot()
+        recs, seconds = await run(target, build(spec), arrivals, progress)
+        return recs, seconds, cpu.spent(before, cpu.snapshot())
     finally:
         await target.close()
 
@@ -118,16 +121,21 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
                 runs += 1
                 started = _start(target_spec, args)
                 try:
-                    recs, seconds = asyncio.run(_measure(lambda: _target(started, args), run_spec, arrivals,
-                                                         not args.no_progress))
+                    recs, seconds, spent = asyncio.run(_measure(lambda: _target(started, args), run_spec,
+                                                                arrivals, not args.no_progress))
                 finally:
                     started.stop()  # type: ignore[operator]
                 row = summarize(recs, seconds, SLO(args.ttft_slo, args.tpot_slo))
-                rows.append({"target": target_spec, "rate": rate, "round": rnd} | row)
+                row["server_cpu_s"], row["client_cpu_s"] = cpu.totals(spent)
+                rows.append({"target": target_spec, "rate": rate, "round": rnd} | row | {"cpu": spent})
                 records[f"{target_spec} @ {rate:g}"] = recs
     print(f"\npdmesh bench serve — workload {args.workload}, {args.num_requests} requests, "
           f"in {args.input_len}, out {args.output_len}")
     print(report.table(rows))
+    print("\nCPU seconds during each measured run (process: busiest threads):")
+    for row in rows:
+        print(f"{row['target']} @ {row['rate']:g}, round {row['round']}:")
+        print("\n".join(cpu.lines(row["cpu"])) or "  (no /proc here)")
     if args.compare:
         for line in report.ratios(rows, args.target, args.compare):
             print(line)

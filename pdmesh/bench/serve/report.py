@@ -14,7 +14,8 @@ COLUMNS = [("output_tok_s", "out tok/s", "{:.1f}"), ("request_s", "req/s", "{:.2
            ("ttft_p90_ms", "p90", "{:.0f}"), ("ttft_p99_ms", "p99", "{:.0f}"),
            ("tpot_p50_ms", "TPOT p50", "{:.1f}"), ("tpot_p90_ms", "p90", "{:.1f}"),
            ("itl_p99_ms", "ITL p99", "{:.0f}"), ("e2e_p50_ms", "E2E p50", "{:.0f}"),
-           ("cached_token_ratio", "cached", "{:.2f}"), ("failed", "failed", "{:.0f}")]
+           ("cached_token_ratio", "cached", "{:.2f}"), ("server_cpu_s", "srv CPU s", "{:.1f}"),
+           ("failed", "failed", "{:.0f}")]
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdmesh.kv.transfer.base import KVTransport, TransferState
+from pdmesh.telemetry.thread_name import name_os_thread
 
 log = logging.getLogger(__name__)
 BUSY_INTERVAL_S = 0.0001
@@ -110,6 +111,7 @@ class TransferPoller:
             self._thread.start()
 
     def _run(self) -> None:
+        name_os_thread("nixl-poller")
         while True:
             try:
                 with self._wake:

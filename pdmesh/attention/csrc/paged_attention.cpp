@@ -9,13 +9,16 @@
 // query load shared) and the softmax's exp is vectorised (vec_math.h); elsewhere the dot
 // products use eight independent partial sums, which the compiler vectorises without
 // reassociating anything. The kernel is bound by memory: K rows are prefetched eight
-// tokens ahead and V rows four (docs/performance.md, section 10). Work is split over sequences (each reads its blocks front to back, all heads of a token row at
-// once) or, when there are fewer sequences than threads can use, over (sequence, kv head).
+// tokens ahead and V rows four (docs/performance.md, section 10), and sequences whose
+// tables begin with the same blocks (a shared system prompt, served from the prefix
+// cache) read those blocks' rows once for all of them (``plan``; section 16). Work items
+// are (sequences, run of KV heads), taken by the threads in turn.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -79,44 +82,186 @@ inline void softmax_row(float* s, int64_t n) {
   for (t = 0; t < n; ++t) s[t] *= inv;
 }
 
-// scores[r][t] = scale * q_r . k_t for the query heads of one sequence's KV heads; rows[t]
-// points at token t's K row of the first KV head handled here.
+// One sequence's rows of query heads and of scores, for the KV heads a work item handles.
+struct Member {
+  const float* q;  // [span * group][dim], KV head major
+  float* scores;   // [span * group][len]
+  float* acc;      // [span * group][dim]
+  int64_t len;
+};
+
+// Scores of tokens [t0, t1) whose K rows ``rows[t]`` (the first KV head handled here) every
+// member shares: each quad of rows is loaded once and stays in L1 while every member's
+// query heads read it. A member's scores are the same bits whether its tokens are shared
+// with others or not: each (query, key) pair is one dot4 or one dot, as the quads fall
+// from t0 (a multiple of four) on.
 template <typename T>
-void scores_of(const float* qf, const std::vector<const T*>& rows, int64_t span, int64_t group,
-               int64_t dim, int64_t s_head, float scale, float* scores) {
-  const int64_t len = static_cast<int64_t>(rows.size());
-  int64_t t = 0;
+void scores_of(const std::vector<Member>& members, const T* const* rows, int64_t t0,
+               int64_t t1, int64_t span, int64_t group, int64_t dim, int64_t s_head, float scale) {
+  int64_t t = t0;
 #ifdef PDMESH_AVX2
   if constexpr (std::is_same_v<T, float>) {
     if (dim % 8 == 0) {
-      // Four tokens at a time: their rows stay in L1 while every query head reads them.
-      for (; t + 4 <= len; t += 4) {
-        if (t + 12 <= len) {
+      for (; t + 4 <= t1; t += 4) {
+        if (t + 12 <= t1) {
           for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], span * s_head);
         }
         for (int64_t kh = 0; kh < span; ++kh) {
           const float* k[4] = {rows[t] + kh * s_head, rows[t + 1] + kh * s_head,
                                rows[t + 2] + kh * s_head, rows[t + 3] + kh * s_head};
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t r = kh * group + g;
-            float o[4];
-            pdmesh::dot4(qf + r * dim, k, dim, o);
-            for (int j = 0; j < 4; ++j) scores[r * len + t + j] = o[j] * scale;
+          for (const Member& m : members) {
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t r = kh * group + g;
+              float o[4];
+              pdmesh::dot4(m.q + r * dim, k, dim, o);
+              for (int j = 0; j < 4; ++j) m.scores[r * m.len + t + j] = o[j] * scale;
+            }
           }
         }
       }
     }
   }
 #endif
-  for (; t < len; ++t) {
+  for (; t < t1; ++t) {
     for (int64_t kh = 0; kh < span; ++kh) {
       const T* k = rows[t] + kh * s_head;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = kh * group + g;
-        scores[r * len + t] = dot(qf + r * dim, k, dim) * scale;
+      for (const Member& m : members) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = kh * group + g;
+          m.scores[r * m.len + t] = dot(m.q + r * dim, k, dim) * scale;
+        }
       }
     }
   }
+}
+
+#ifdef PDMESH_AVX2
+// acc[0, 8N) += sum over t of w[t] * v_t[0, 8N), the 8N accumulators held in registers
+// over every token (each FMA then costs one load, not a load, a load and a store).
+template <int N>
+inline void weighted_sum_regs(const float* w, const float* const* v, int64_t offset, int64_t t0,
+                              int64_t t1, float* acc, bool prefetch) {
+  __m256 a[N];
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) a[j] = _mm256_loadu_ps(acc + 8 * j);
+  for (int64_t t = t0; t < t1; ++t) {
+    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, 8 * N);
+    const float* row = v[t] + offset;
+    const __m256 wt = _mm256_set1_ps(w[t]);
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) a[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(row + 8 * j), a[j]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+}
+#endif
+
+// acc += w[t] * V row t over tokens [t0, t1), in token order; ``offset`` from a token's row
+// pointer to this head's V. Only the first reader of a run of rows prefetches them.
+template <typename T>
+void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t t0,
+                  int64_t t1, float* acc, int64_t dim, bool prefetch) {
+#ifdef PDMESH_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (dim % 8 == 0) {  // 64 lanes at a time: 8 accumulators + a row + a weight fit AVX2's 16
+      for (int64_t c = 0; c < dim; c += 64) {
+        const int64_t n = std::min<int64_t>(64, dim - c) / 8;
+        const float* const* v = rows;
+        switch (n) {
+          case 8: weighted_sum_regs<8>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
+          case 4: weighted_sum_regs<4>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
+          default:
+            for (int64_t t = t0; t < t1; ++t) axpy(w[t], v[t] + offset + c, acc + c, 8 * n);
+        }
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t t = t0; t < t1; ++t) {
+    if (prefetch && t + 4 < t1) prefetch_row(rows[t + 4] + offset, dim);
+    axpy(w[t], rows[t] + offset, acc, dim);
+  }
+}
+
+// Every member's weighted sums of V over tokens [t0, t1): row by row, so each row's
+// accumulators stay in registers; rows of a shared run are read from memory by the first
+// row and from cache by the others.
+template <typename T>
+void values_of(const std::vector<Member>& members, const T* const* rows, int64_t t0,
+               int64_t t1, int64_t span, int64_t group, int64_t dim, int64_t s_kv, int64_t s_head) {
+  for (const Member& m : members) {
+    for (int64_t kh = 0; kh < span; ++kh) {
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = kh * group + g;
+        const bool first = &m == &members[0] && g == 0;  // the first reader of this head's rows
+        weighted_sum(&m.scores[r * m.len], rows, s_kv + kh * s_head, t0, t1, &m.acc[r * dim], dim, first);
+      }
+    }
+  }
+}
+
+// A work item: some sequences that share their first ``shared`` tokens' blocks (one
+// sequence and nothing shared, most often), and the KV heads [h0, h0 + span).
+struct Item {
+  int64_t first, count;  // into the member order
+  int64_t shared;        // a multiple of four
+  int64_t h0;
+};
+
+// Groups the batch by its first block; a group shares the blocks every member's table has
+// in common, full blocks only (prefix caching shares nothing else). Sequences that share a
+// system prompt then read its K/V once per item instead of once each: decode attention is
+// bound by memory, and a batch of 64 over four shared 512-token prefixes reads 5x fewer
+// bytes (its attention per decode step: 13.6 -> 9.0-9.5 ms, docs/performance.md §16).
+struct Plan {
+  std::vector<int64_t> order;  // sequences, grouped
+  std::vector<Item> items;
+  int64_t span;                // KV heads per item
+};
+
+Plan plan(const int64_t* tp, const int64_t* lp, int64_t batch, int64_t width, int64_t block_size,
+          int64_t kv_heads, int threads) {
+  Plan p;
+  std::vector<int64_t>& order = p.order;
+  order.resize(batch);
+  for (int64_t b = 0; b < batch; ++b) order[b] = b;
+  auto first = [&](int64_t b) { return lp[b] >= block_size ? tp[b * width] : -1 - b; };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return first(a) < first(b); });
+  struct Group { int64_t begin, end, shared; };
+  std::vector<Group> groups;
+  for (int64_t i = 0; i < batch;) {
+    int64_t j = i + 1;
+    while (j < batch && first(order[j]) == first(order[i])) ++j;
+    int64_t blocks = lp[order[i]] / block_size;
+    for (int64_t k = i + 1; k < j; ++k) {
+      const int64_t a = order[i], b = order[k];
+      int64_t n = 0, lim = std::min(blocks, lp[b] / block_size);
+      while (n < lim && tp[a * width + n] == tp[b * width + n]) ++n;
+      blocks = n;
+    }
+    groups.push_back({i, j, j - i > 1 ? (blocks * block_size) / 4 * 4 : 0});
+    i = j;
+  }
+  // Enough items to keep every thread busy: all KV heads of a group in one item while
+  // there are plenty of groups (each token row read front to back), else one KV head
+  // each, and groups split into chunks (each chunk reads the shared part once).
+  const int64_t n_groups = static_cast<int64_t>(groups.size());
+  const int64_t span = p.span = n_groups >= 2 * threads ? kv_heads : 1;
+  const int64_t per_group = kv_heads / span;
+  const int64_t want = 4 * static_cast<int64_t>(threads);
+  const int64_t chunks_each = std::max<int64_t>(1, (want + n_groups * per_group - 1) / (n_groups * per_group));
+  std::vector<Item>& items = p.items;
+  for (const Group& grp : groups) {
+    const int64_t size = grp.end - grp.begin;
+    const int64_t chunk = std::max<int64_t>(1, (size + chunks_each - 1) / chunks_each);
+    for (int64_t c = grp.begin; c < grp.end; c += chunk) {
+      const int64_t count = std::min(chunk, grp.end - c);
+      const int64_t shared = count > 1 ? grp.shared : 0;
+      for (int64_t h = 0; h < per_group; ++h) items.push_back({c, count, shared, h * span});
+    }
+  }
+  return p;
 }
 
 template <typename T>
@@ -132,44 +277,65 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   const float fscale = static_cast<float>(scale);
-  // A work item is one sequence's run of KV heads: all of them when there are enough
-  // sequences to keep every thread busy (each token's K/V row is then read front to back),
-  // one head each otherwise (a lone sequence still uses every thread).
-  const int64_t span = batch >= 2 * at::get_num_threads() ? kv_heads : 1;
-  const int64_t per_seq = kv_heads / span;
+  const int threads = at::get_num_threads();
+  const Plan work = plan(tp, lp, batch, width, block_size, kv_heads, threads);
+  const std::vector<int64_t>& order = work.order;
+  const std::vector<Item>& items = work.items;
+  const int64_t span = work.span;
+  const int64_t nq = span * group;  // query heads per member in an item, KV head major
+  std::atomic<int64_t> next{0};
+  const int64_t n_items = static_cast<int64_t>(items.size());
 
-  at::parallel_for(0, batch * per_seq, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(span * group * dim), acc(span * group * dim), scores;
+  // Items are taken in turn: groups differ in size, and a static split of a few unequal
+  // items would leave a thread idle.
+  at::parallel_for(0, std::min<int64_t>(threads, n_items), 1, [&](int64_t, int64_t) {
+    std::vector<float> qf, acc, scores;
+    std::vector<Member> members, one(1);
     std::vector<const T*> rows;
-    for (int64_t work = begin; work < end; ++work) {
-      const int64_t b = work / per_seq, h0 = (work % per_seq) * span, len = lp[b];
-      const int64_t nq = span * group;  // query heads handled here, kv head major
-      scores.resize(nq * len);
-      rows.resize(len);
-      for (int64_t t = 0; t < len; ++t) {
-        rows[t] = kvp + tp[b * width + t / block_size] * s_block + (t % block_size) * s_tok + h0 * s_head;
-      }
-      for (int64_t r = 0; r < nq; ++r) {
-        const T* src = qp + (b * heads + h0 * group + r) * dim;
-        for (int64_t i = 0; i < dim; ++i) qf[r * dim + i] = static_cast<float>(src[i]);
-      }
-      scores_of(qf.data(), rows, span, group, dim, s_head, fscale, scores.data());
-      for (int64_t r = 0; r < nq; ++r) softmax_row(&scores[r * len], len);
-      // Weighted sum of V, token rows front to back.
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < len; ++t) {
-        if (t + 4 < len) prefetch_row(rows[t + 4] + s_kv, span * s_head);
-        for (int64_t kh = 0; kh < span; ++kh) {
-          const T* v = rows[t] + s_kv + kh * s_head;
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t r = kh * group + g;
-            axpy(scores[r * len + t], v, &acc[r * dim], dim);
-          }
+    std::vector<int64_t> roff;
+    for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
+      const Item& it = items[i];
+      int64_t total = 0;
+      for (int64_t k = 0; k < it.count; ++k) total += lp[order[it.first + k]];
+      qf.resize(it.count * nq * dim);
+      acc.assign(it.count * nq * dim, 0.f);
+      scores.resize(nq * total);
+      members.clear();
+      for (int64_t k = 0, offset = 0; k < it.count; ++k) {
+        const int64_t b = order[it.first + k];
+        members.push_back({qf.data() + k * nq * dim, scores.data() + offset, acc.data() + k * nq * dim, lp[b]});
+        offset += nq * lp[b];
+        for (int64_t r = 0; r < nq; ++r) {
+          const T* src = qp + (b * heads + it.h0 * group + r) * dim;
+          for (int64_t x = 0; x < dim; ++x) qf[(k * nq + r) * dim + x] = static_cast<float>(src[x]);
         }
       }
-      for (int64_t r = 0; r < nq; ++r) {
-        T* dst = op + (b * heads + h0 * group + r) * dim;
-        for (int64_t i = 0; i < dim; ++i) dst[i] = static_cast<T>(acc[r * dim + i]);
+      // Every member's row pointers, once: token t's K row of the first KV head here.
+      rows.resize(total);
+      roff.resize(it.count);
+      for (int64_t k = 0, offset = 0; k < it.count; ++k) {
+        const int64_t b = order[it.first + k], len = lp[b];
+        const T** dst = rows.data() + offset;
+        roff[k] = offset;
+        offset += len;
+        for (int64_t blk = 0, t = 0; t < len; ++blk) {  // block by block: no division per token
+          const T* base = kvp + tp[b * width + blk] * s_block + it.h0 * s_head;
+          for (int64_t o = 0; o < block_size && t < len; ++o, ++t) dst[t] = base + o * s_tok;
+        }
+      }
+      const T* const* shared_rows = rows.data() + roff[0];  // the shared blocks are in every table
+      if (it.shared > 0) scores_of(members, shared_rows, 0, it.shared, span, group, dim, s_head, fscale);
+      for (int64_t k = 0; k < it.count; ++k) {
+        one[0] = members[k];
+        scores_of(one, rows.data() + roff[k], it.shared, members[k].len, span, group, dim, s_head, fscale);
+        for (int64_t r = 0; r < nq; ++r) softmax_row(&members[k].scores[r * members[k].len], members[k].len);
+      }
+      if (it.shared > 0) values_of(members, shared_rows, 0, it.shared, span, group, dim, s_kv, s_head);
+      for (int64_t k = 0; k < it.count; ++k) {
+        one[0] = members[k];
+        values_of(one, rows.data() + roff[k], it.shared, members[k].len, span, group, dim, s_kv, s_head);
+        T* dst = op + (order[it.first + k] * heads + it.h0 * group) * dim;
+        for (int64_t x = 0; x < nq * dim; ++x) dst[x] = static_cast<T>(members[k].acc[x]);
       }
     }
   });

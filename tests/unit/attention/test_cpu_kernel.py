@@ -22,12 +22,8 @@ def _meta(lens: list[int], num_blocks: int, seed: int) -> AttentionMetadata:
         k = -(-n // BS)
         rows.append(perm[used : used + k] + [0] * (width - k))
         used += k
-    lens_t = torch.tensor(lens)
-    keys = torch.arange(width * BS)
-    bias = torch.zeros((len(lens), 1, 1, width * BS)).masked_fill_(
-        (keys[None, :] >= lens_t[:, None])[:, None, None, :], float("-inf"))
     zeros = torch.zeros(len(lens), dtype=torch.long)
-    return AttentionMetadata(len(lens), zeros, zeros, torch.tensor(rows), bias, lens_t)
+    return AttentionMetadata(len(lens), zeros, zeros, torch.tensor(rows), decode_seq_lens=torch.tensor(lens))
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
@@ -69,3 +65,58 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_young_one_waited_f
     wait_for_build_lock(tmp_path, stale_s=0.3, poll_s=0.05)
     assert 0.3 <= time.monotonic() - start < 2 and not lock.exists()
     wait_for_build_lock(tmp_path / "nothing-here")  # no lock: returns at once
+
+
+def _shared_tables(members: list[int], shared_blocks: list[int], lens: list[int], num_blocks: int,
+                   seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Block tables where the sequences of each group begin with that group's shared
+    blocks, and the same tables with every sequence holding its own copies instead:
+    (shared tables, private tables, with the copies' block ids)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = iter(torch.randperm(num_blocks, generator=g).tolist())
+    shared, private, i = [], [], 0
+    for count, blocks in zip(members, shared_blocks):
+        prefix = [next(perm) for _ in range(blocks)]
+        for _ in range(count):
+            own = [next(perm) for _ in range(-(-lens[i] // BS) - blocks)]
+            shared.append(prefix + own)
+            private.append([next(perm) for _ in prefix] + own)
+            i += 1
+    return shared, private
+
+
+@pytest.mark.parametrize(("dtype", "heads"), [(torch.float32, 8), (torch.float32, 4), (torch.bfloat16, 8)])
+def test_sequences_sharing_prefix_blocks_get_the_same_bits_as_with_copies(dtype: torch.dtype, heads: int) -> None:
+    # The kernel reads a shared prefix's K/V rows once for every sequence whose table
+    # begins with them; each sequence's result must be exactly what it gets alone (same
+    # dot products, same order of additions), and match the torch reference.
+    members, blocks = [5, 1, 3, 2, 1], [6, 3, 2, 1, 0]
+    lens = [96, 100, 113, 128, 97, 60, 33, 40, 35, 19, 17, 5]
+    shared, private = _shared_tables(members, blocks, lens, 400, seed=3)
+    g = torch.Generator().manual_seed(4)
+    pool = torch.randn(400, 2, BS, HKV, D, generator=g).to(dtype)
+    for s_row, p_row in zip(shared, private):  # the copies hold the shared blocks' data
+        for a, b in zip(s_row, p_row):
+            pool[b] = pool[a]
+    q = torch.randn(len(lens), heads, D, generator=g).to(dtype)
+    width = max(len(r) for r in shared)
+
+    def meta(rows: list[list[int]]) -> AttentionMetadata:
+        zeros = torch.zeros(len(lens), dtype=torch.long)
+        return AttentionMetadata(len(lens), zeros, zeros, torch.tensor([r + [0] * (width - len(r)) for r in rows]),
+                                 decode_seq_lens=torch.tensor(lens))
+
+    backend = CPUAttentionBackend()
+    together = backend._decode(q, pool, meta(shared), D**-0.5)
+    alone = backend._decode(q, pool, meta(private), D**-0.5)
+    assert torch.equal(together, alone)
+    ref = TorchAttentionBackend()._decode(q, pool, meta(shared), D**-0.5)
+    tol = 2e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(together.float(), ref.float(), atol=tol, rtol=tol)
+    for threads in (1, 3):  # how the items fall on threads changes nothing either
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            assert torch.equal(backend._decode(q, pool, meta(shared), D**-0.5), together)
+        finally:
+            torch.set_num_threads(previous)

@@ -65,11 +65,15 @@ class TorchAttentionBackend:
         # Batched decode as two matmuls over gathered, head-major contexts. The gathers
         # write into persistent workspaces: fresh multi-MB temporaries every layer cost
         # more in page faults than the attention math itself on CPU.
-        tables = meta.decode_block_tables
-        if tables is None or meta.decode_bias is None:
+        tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+        if tables is None or lens is None:
             raise RuntimeError("decode tokens scheduled without decode block tables")
         b, nblk = tables.shape
-        _, _, _, hkv, d = kv_layer.shape
+        _, _, bs, hkv, d = kv_layer.shape
+        if meta.decode_bias is None:  # once per step, shared by every layer
+            keys = torch.arange(nblk * bs, device=lens.device)
+            meta.decode_bias = torch.zeros((b, 1, 1, nblk * bs), device=lens.device).masked_fill_(
+                (keys[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
         group = q.shape[1] // hkv
         flat = tables.view(-1)
         keys = self._head_major(kv_layer[:, 0], flat, b, nblk, "k")

@@ -137,11 +137,7 @@ class ModelRunner:
             meta.decode_block_tables = torch.tensor(
                 [t + [0] * (width - len(t)) for t in decode_tables], device=dev
             )
-            lens = torch.tensor(decode_lens, device=dev)
-            meta.decode_seq_lens = lens
-            keys = torch.arange(width * bs, device=dev)
-            bias = torch.zeros((len(decode_lens), 1, 1, width * bs), device=dev)
-            meta.decode_bias = bias.masked_fill_((keys[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
+            meta.decode_seq_lens = torch.tensor(decode_lens, device=dev)
         return (
             torch.tensor(ids, device=dev),
             positions,

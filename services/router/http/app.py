@@ -40,6 +40,40 @@ def _validation_error(exc: RequestValidationError) -> HTTPError:
     return HTTPError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param)
 
 
+class Gate:
+    """Refuses, before the body is read, a body over the limit (413) and a ``/v1/*`` request
+    without the API key (401).
+
+    A plain ASGI middleware, not ``@app.middleware("http")``: Starlette's
+    ``BaseHTTPMiddleware`` relays every chunk of a streamed response through an extra
+    task and memory stream, and with one SSE chunk per token that relay was among the
+    router's busiest code under load (docs/performance.md, section 16).
+    """
+
+    def __init__(self, app: Any, limit: int, api_key: str) -> None:
+        self.app, self.limit, self.api_key = app, limit, api_key
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: dict[str, Any]) -> HTTPError | None:
+        headers = dict(scope.get("headers") or ())
+        size = headers.get(b"content-length", b"").decode("latin-1")
+        if size.isdigit() and int(size) > self.limit:
+            return HTTPError(413, f"the body has {int(size)} bytes; at most {self.limit} "
+                                  "(--max-request-mb) are read", code="request_too_large")
+        if self.api_key and scope.get("path", "").startswith("/v1/"):
+            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {self.api_key}":
+                return HTTPError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                 code="invalid_api_key")
+        return None
+
+
 def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     app = FastAPI(title="pdmesh", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -54,20 +88,7 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     for kind in (HTTPError, PdmeshError, grpc.aio.AioRpcError, TimeoutError, Exception):
         app.add_exception_handler(kind, failed)  # type: ignore[arg-type]
 
-    limit = int(core.cfg.max_request_mb * 2**20)
-
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Response:
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > limit:
-            return error_response(HTTPError(413, f"the body has {int(size)} bytes; at most {limit} "
-                                                 "(--max-request-mb) are read", code="request_too_large"))
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return error_response(HTTPError(401, "missing or wrong API key: send "
-                                                     "'Authorization: Bearer <key>'", code="invalid_api_key"))
-        return await call_next(request)
-
+    app.add_middleware(Gate, limit=int(core.cfg.max_request_mb * 2**20), api_key=api_key)
     _add_generation_routes(app, core)
     _add_utility_routes(app, core)
     return app

@@ -8,7 +8,7 @@ import grpc
 from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry
 
-from pdmesh.rpc.process import advertised, cancel_all, write_port_file
+from pdmesh.rpc.process import advertised, cancel_all, freeze_startup_objects, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.server import serve_until_signal, set_serving
@@ -59,6 +59,7 @@ async def serve(cfg: KVStoreConfig) -> None:
         tasks.append(asyncio.create_task(publisher.run(pool.store.take_events, lambda: list(pool.store.stored))))
     await server.start()
     serve_metrics(_registry(pool), cfg.host, cfg.metrics_port, cfg.port_file)
+    freeze_startup_objects()
     write_port_file(cfg.port_file, port)
     await set_serving(health_servicer, NAMES, True)
     print(f"pdmesh kvstore {cfg.worker_id} ready on {address} ({pool.store.capacity} blocks)", flush=True)

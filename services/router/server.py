@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health
 
 from pdmesh.rpc.auth import BearerTokenInterceptor
-from pdmesh.rpc.process import advertised, cancel_all, write_port_file
+from pdmesh.rpc.process import advertised, cancel_all, freeze_startup_objects, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.rpc.tls import TLSFiles
@@ -56,6 +56,7 @@ async def serve(cfg: RouterConfig) -> None:
         scheme = "https" if cfg.tls_cert else "http"
         print(f"pdmesh router HTTP API on {scheme}://{cfg.host}:{http_port}", flush=True)
     serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
+    freeze_startup_objects()
     write_port_file(cfg.port_file, port)
     await set_serving(health_servicer, servicer.SERVICES, True)
     print(f"pdmesh router ready on {advertised(cfg.advertise_address, cfg.host, port)}", flush=True)

@@ -17,7 +17,7 @@ import grpc
 import torch
 from grpc_health.v1 import health
 
-from pdmesh.rpc.process import cancel_all, write_port_file
+from pdmesh.rpc.process import cancel_all, freeze_startup_objects, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.rpc.tls import TLSFiles
@@ -58,6 +58,7 @@ async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
     tasks = [asyncio.create_task(b) for b in ws.background]
     await server.start()
     serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
+    log.info("froze %d start-up objects out of the garbage collector's scans", freeze_startup_objects())
     write_port_file(cfg.port_file, core.port)
     await set_serving(ws.health, names, True)
     log.info("%s worker %s serving on %s", cfg.role, core.worker_id, core.address)

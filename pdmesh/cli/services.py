@@ -42,9 +42,7 @@ def _serve_function(role: str) -> Callable[[Any], Coroutine[Any, Any, None]]:
 
 def run_service(role: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        import asyncio
-
-        from pdmesh.rpc.process import exit_with_parent
+        from pdmesh.rpc.process import exit_with_parent, run_service_loop
         from pdmesh.telemetry.logging_setup import setup_logging
         from pdmesh.telemetry.tracing import setup_tracing, shutdown_tracing
 
@@ -58,7 +56,7 @@ def run_service(role: str) -> Callable[[argparse.Namespace], int]:
         setup_tracing(f"pdmesh-{role}")
         exit_with_parent()
         try:
-            asyncio.run(_serve_function(role)(cfg))
+            run_service_loop(_serve_function(role)(cfg))
         finally:
             shutdown_tracing()
         return 0

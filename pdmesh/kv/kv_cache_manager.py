@@ -143,7 +143,9 @@ class KVCacheManager:
         return copies
 
     def cache_blocks(self, seq: Sequence) -> None:
-        """Register every full, computed block of ``seq`` as a prefix-cache entry."""
+        """Register every full, computed block of ``seq`` as a prefix-cache entry; a block
+        whose content another block already holds in the cache is swapped for that one
+        (``_share_duplicates``)."""
         if not self.pool.enable_caching:
             return
         blocks = self._blocks.get(seq.seq_id)
@@ -155,6 +157,7 @@ class KVCacheManager:
         if num_full <= done:
             return
         self.ensure_hashes(seq, num_full)
+        self._share_duplicates(seq, blocks, done, num_full)
         self.pool.cache_blocks(
             blocks[done:num_full],
             seq.block_hashes[done:num_full],
@@ -162,6 +165,32 @@ class KVCacheManager:
             seq.block_hashes[done - 1] if done else None,
         )
         self._num_registered[seq.seq_id] = num_full
+
+    def _share_duplicates(self, seq: Sequence, blocks: list[KVBlock], start: int, end: int) -> None:
+        """Swap each of ``blocks[start:end]`` (full, computed, just now) that only this
+        sequence holds for the cached block with the same hash and tokens, and free it.
+
+        Requests that arrive together reserve a shared prefix on a decode worker before
+        any of their KV has landed there (the scheduler keeps a prompt waiting while
+        another computes its prefix; a reservation cannot wait), so a decode worker held
+        one copy of a system prompt per request: as many times the memory, and decode
+        attention reading each copy (it reads blocks shared by several sequences once:
+        csrc/paged_attention.cpp). Safe
+        here because a full block is never written again, and nothing has read this
+        block's id yet: it became full in the step (or the KV transfer) that just ended,
+        before any sender or offload reads the sequence's blocks.
+        """
+        bs = self.block_size
+        for i in range(start, end):
+            block = blocks[i]
+            if block.block_hash is not None or block.ref_cnt != 1:
+                continue  # already the cache entry, or shared with a fork
+            held = self.pool.lookup(seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
+            if held is None or held is block:
+                continue
+            self.pool.touch([held])
+            blocks[i] = held
+            self.pool.free_blocks([block])
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Free the blocks past the first ``num_tokens`` tokens (rejected draft tokens'

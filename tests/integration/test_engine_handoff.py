@@ -70,3 +70,35 @@ def test_abort_of_a_reservation_frees_it(pair) -> None:  # type: ignore[no-untyp
     decode.handoff.reserve("ab", list(range(5, 40)), SamplingParams(max_tokens=4))
     decode.abort_request("ab")
     assert decode.stats().used == 0 and decode.handoff.count == 0 and decode.orphan_blocks() == 0
+
+
+def test_reservations_of_one_prefix_made_together_end_up_sharing_its_blocks(pair, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    # A burst reserves a shared prefix before any of it has landed, so each reservation
+    # gets its own copy; once each commits, its copy of a block the cache already holds
+    # is swapped for the cached one and freed: one copy in memory, read once by decode
+    # attention, and the tokens unchanged.
+    prefill, decode = pair
+    ref: HFReference = hf_refs["llama"]
+    shared = list(range(7, 7 + 48))  # 3 full blocks of 16
+    prompts = {f"d{i}": shared + [100 + i, 200 + i, 300 + i] for i in range(3)}
+    params = SamplingParams(temperature=0, max_tokens=6, output_kind="final_only")
+    held = {rid: decode.handoff.reserve(rid, p, params) for rid, p in prompts.items()}
+    assert all(res.first_block == 0 for res in held.values())  # nothing cached yet
+    used_reserved = decode.stats().used
+    for rid, prompt in prompts.items():
+        first = _prefill(prefill, rid, prompt)
+        src = prefill.handoff.held_block_ids(rid)
+        decode.runner.kv_cache[held[rid].block_ids] = prefill.runner.kv_cache[src]
+        assert prefill.handoff.release(rid)
+        decode.handoff.commit(rid, first, None, 0)
+    tables = [decode.block_ids_of(rid) for rid in prompts]
+    assert tables[0][:3] == tables[1][:3] == tables[2][:3]  # the prefix: one copy
+    assert len({t[3] for t in tables}) == 3  # each tail its own
+    assert decode.stats().used == used_reserved - 2 * 3
+    outs = {}
+    while decode.has_unfinished_requests():
+        outs.update({o.request_id: o for o in decode.step() if o.finished})
+    for rid, prompt in prompts.items():
+        assert outs[rid].outputs[0].token_ids == ref.greedy(prompt, 6)
+    assert decode.stats().used == 0 and decode.orphan_blocks() == 0
+

@@ -211,7 +211,7 @@ class LLMEngine:
         if self.step_log is not None and result is not None:
             self.step_log.record(time.monotonic() - seconds, seconds, prompt,
                                  sum(1 for s in sched.scheduled if s.num_new_tokens == 1),
-                                 self.scheduler.num_waiting)
+                                 self.scheduler.num_waiting, torch.get_num_threads())
         with self.lock:
             return self._finish_step(sched, result)
 

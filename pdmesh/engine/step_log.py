@@ -5,7 +5,8 @@ A served worker schedules differently from the same engine driven in process (re
 arrive over milliseconds, a step starts before the rest of a burst has come), and the
 gap between the two is invisible in throughput alone. The log answers it: per step, its
 start (monotonic seconds), the forward pass's seconds, the prompt tokens and the decode
-rows it ran, and the sequences waiting behind it. Tab-separated, appended, a line at a
+rows it ran, the sequences waiting behind it, and the threads it ran on (a worker that
+splits the machine's cores borrows idle peers' shares: ``core_share.py``). Tab-separated, appended, a line at a
 time (one ``write`` of ~40 bytes per step of milliseconds: nothing lost when a worker is
 killed).
 """
@@ -21,15 +22,16 @@ ENV = "PDMESH_STEP_LOG"
 class StepLog:
     def __init__(self, path: str) -> None:
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
-        self._file.write(f"# pid {os.getpid()}\tstart_s\tforward_s\tprompt_tokens\tdecode_rows\twaiting\n")
+        self._file.write(f"# pid {os.getpid()}\tstart_s\tforward_s\tprompt_tokens\tdecode_rows\twaiting\tthreads\n")
 
     @classmethod
     def from_env(cls) -> StepLog | None:
         path = os.environ.get(ENV, "")
         return cls(path) if path else None
 
-    def record(self, start: float, seconds: float, prompt_tokens: int, decode_rows: int, waiting: int) -> None:
-        self._file.write(f"{start:.6f}\t{seconds:.6f}\t{prompt_tokens}\t{decode_rows}\t{waiting}\n")
+    def record(self, start: float, seconds: float, prompt_tokens: int, decode_rows: int, waiting: int,
+               threads: int) -> None:
+        self._file.write(f"{start:.6f}\t{seconds:.6f}\t{prompt_tokens}\t{decode_rows}\t{waiting}\t{threads}\n")
 
     def close(self) -> None:
         self._file.close()

@@ -159,11 +159,15 @@ class AsyncLLMEngine:
             try:
                 outputs = eng.step()
             except Exception as exc:  # a broken step fails every stream, never hangs them
+                if self.core_share is not None:
+                    self.core_share.step_done()
                 log.exception("engine step failed; failing the requests in flight")
                 self._post(self._fail_all, exc)
                 self._work.wait(0.1)
                 self._work.clear()
                 continue
+            if self.core_share is not None:
+                self.core_share.step_done()
             progress = self._progress() if self._progress_listeners else []
             self._post(self._deliver, outputs, progress)
 

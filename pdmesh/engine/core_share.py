@@ -13,22 +13,31 @@ share of cores. Before each step the engine thread marks itself busy and takes i
 share plus the shares of workers whose slot says idle; after 100 ms without work
 (``LEND_AFTER_IDLE_S`` in the async engine) it marks itself idle, so the short gaps of a
 stream of small requests lend nothing.
-A worker that wakes up while a peer still runs on its lent cores overlaps it for at most
-that peer's one step, after which the peer shrinks back. Single-byte stores and loads
-need no lock; a worker that died busy only stops lending, and one that died idle is
-lent until a restart takes its slot again.
+A worker that wakes up while a peer runs a step on lent cores waits for that step to end
+(each slot's third byte says "running a step on borrowed cores"), at most
+``RECLAIM_WAIT_S``: the two used to overlap for the peer's step, both on more threads
+than cores, and such a step of a 576-token prompt ran at 1,040 us a token against
+420-450 us on one thread (docs/performance.md §16). Single-byte stores and loads need
+no lock; a worker that died busy only stops lending, one that died idle is lent until a
+restart takes its slot again, and one that died borrowing is waited for once, for
+``RECLAIM_WAIT_S``, then ignored until its borrowing mark changes.
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-SLOT_BYTES = 2
-"""busy flag, share of cores."""
+SLOT_BYTES = 3
+"""busy flag, share of cores, borrowing mark (0, or a step number 1-255 while a step on
+more than the share is running)."""
+RECLAIM_WAIT_S = 2.0
+"""The longest a waking worker waits for a peer's step on its lent cores to end."""
+_POLL_S = 0.0005
 
 
 def create_share_file(path: Path, workers: int) -> None:
@@ -61,6 +70,11 @@ class CoreShare:
         self._at = slot * SLOT_BYTES
         self._map[self._at] = 0
         self._map[self._at + 1] = share
+        self._map[self._at + 2] = 0
+        self._steps = 0
+        self._stuck: dict[int, int] = {}
+        """Peer slot -> borrowing mark that outlasted a whole wait: not waited for again
+        while the mark stays the same."""
         self.threads = share
         """Threads the engine was last given."""
         self._set_threads = set_threads or _torch_threads
@@ -75,17 +89,35 @@ class CoreShare:
                 lent += data[at + 1]
         return lent
 
-    def busy(self) -> int:
-        """Mark this worker busy; the threads its next step should use."""
+    def _borrowing_peers(self) -> dict[int, int]:
+        """Peer slot -> borrowing mark, for peers running a step on lent cores now."""
+        data = self._map[:]
+        return {at: data[at + 2] for at in range(0, len(data), SLOT_BYTES)
+                if at != self._at and data[at + 2] and self._stuck.get(at) != data[at + 2]}
+
+    def busy(self, wait_s: float = RECLAIM_WAIT_S) -> int:
+        """Mark this worker busy, wait (at most ``wait_s``) for any peer's step on lent
+        cores to end, and return the threads this worker's next step should use."""
         self._map[self._at] = 1
+        deadline = time.monotonic() + wait_s
+        while (peers := self._borrowing_peers()) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        self._stuck.update(peers)  # the same step after a whole wait: do not wait for it again
         threads = min(self.total, self.share + self._idle_peer_cores())
         if threads > self.share:
             self.lent_steps += 1
+            self._steps = self._steps % 255 + 1
+        self._map[self._at + 2] = self._steps if threads > self.share else 0
         self._apply(threads)
         return threads
 
+    def step_done(self) -> None:
+        """The step ``busy`` sized has ended: peers waiting for their cores may start."""
+        self._map[self._at + 2] = 0
+
     def idle(self) -> None:
         """Mark this worker idle (its cores are free for its peers) and shrink back."""
+        self._map[self._at + 2] = 0
         self._map[self._at] = 0
         self._apply(self.share)
 
@@ -95,6 +127,7 @@ class CoreShare:
             self.threads = threads
 
     def close(self) -> None:
+        self._map[self._at + 2] = 0
         self._map[self._at] = 0
         self._map.close()
 

@@ -62,3 +62,41 @@ def test_bad_specs_and_slots_are_refused(tmp_path) -> None:  # type: ignore[no-u
         CoreShare(path, 2, 1, 2, lambda n: None)
     with pytest.raises(ValueError, match="does not fit"):
         CoreShare(path, 0, 3, 2, lambda n: None)
+
+
+def test_a_waking_worker_waits_for_the_step_running_on_its_lent_cores(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    prefill, decode, _ = _pair(tmp_path)
+    assert decode.busy() == 4  # prefill idle: decode's step runs on both shares
+    got: list[int] = []
+    waker = threading.Thread(target=lambda: got.append(prefill.busy()))
+    waker.start()
+    waker.join(0.2)
+    assert waker.is_alive() and not got  # not while decode's step holds its cores
+    decode.step_done()
+    waker.join(5)
+    assert got == [2]  # then its own share: decode is busy
+    assert decode.busy() == 2  # and decode's next step is on its own share
+
+
+def test_a_borrower_that_never_ends_its_step_is_waited_for_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    prefill, decode, _ = _pair(tmp_path)
+    decode.busy()  # borrowing, then (say) killed mid-step
+    assert prefill.busy(wait_s=0.05) == 2
+    prefill.idle()
+    done = threading.Event()
+    threading.Thread(target=lambda: (prefill.busy(wait_s=60), done.set()), daemon=True).start()
+    assert done.wait(5)  # not waited for again while its mark stays as it was
+    decode.idle()
+    prefill.idle()
+    assert decode.busy() == 4  # borrowing again, a new step: waited for again
+    waker = threading.Thread(target=prefill.busy, daemon=True)
+    waker.start()
+    waker.join(0.2)
+    assert waker.is_alive()
+    decode.step_done()
+    waker.join(5)
+    assert not waker.is_alive()

@@ -6,9 +6,9 @@ arrive over milliseconds, a step starts before the rest of a burst has come), an
 gap between the two is invisible in throughput alone. The log answers it: per step, its
 start (monotonic seconds), the forward pass's seconds, the prompt tokens and the decode
 rows it ran, the sequences waiting behind it, and the threads it ran on (a worker that
-splits the machine's cores borrows idle peers' shares: ``core_share.py``). Tab-separated, appended, a line at a
-time (one ``write`` of ~40 bytes per step of milliseconds: nothing lost when a worker is
-killed).
+splits the machine's cores borrows idle peers' shares: ``core_share.py``). Tab-separated,
+appended, a line at a time (one ``write`` of ~40 bytes per step of milliseconds: nothing
+lost when a worker is killed).
 """
 
 from __future__ import annotations

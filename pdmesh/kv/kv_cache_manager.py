@@ -175,10 +175,10 @@ class KVCacheManager:
         another computes its prefix; a reservation cannot wait), so a decode worker held
         one copy of a system prompt per request: as many times the memory, and decode
         attention reading each copy (it reads blocks shared by several sequences once:
-        csrc/paged_attention.cpp). Safe
-        here because a full block is never written again, and nothing has read this
-        block's id yet: it became full in the step (or the KV transfer) that just ended,
-        before any sender or offload reads the sequence's blocks.
+        csrc/paged_attention.cpp). Safe here because a full block is never written
+        again, and nothing has read this block's id yet: it became full in the step (or
+        the KV transfer) that just ended, before any sender or offload reads the
+        sequence's blocks.
         """
         bs = self.block_size
         for i in range(start, end):

@@ -83,7 +83,6 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="pdmesh-parent-watch", daemon=True).start()
 
 
-
 def freeze_startup_objects() -> int:
     """Collect once, then move every object alive now out of the garbage collector's
     reach (``gc.freeze``); returns how many were frozen.
@@ -91,8 +90,8 @@ def freeze_startup_objects() -> int:
     A service holds hundreds of thousands of long-lived objects once it is up (torch,
     the model's modules, protobuf descriptors, FastAPI's routes), and every full
     collection walked them all while each of the process's threads waited: measured in a
-    served decode worker, 81-91 ms per full collection, one every few seconds under load,
-    and 25-55 ms in the router (docs/performance.md, section 16). What is frozen is never
+    served decode worker, 81-91 ms per full collection, about one per 3-4 s benchmark run
+    under load, and 25-55 ms in the router (docs/performance.md, section 16). What is frozen is never
     freed, which is what a service's start-up state is for; what requests allocate later
     is collected as before. vLLM freezes its start-up objects the same way.
     """

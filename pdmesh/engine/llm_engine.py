@@ -19,7 +19,7 @@ from pdmesh.allocator import keep_freed_memory
 from pdmesh.attention.select import build_backend
 from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
-from pdmesh.engine.forks import expand_forks
+from pdmesh.engine.forks import expand_forks, fork_siblings
 from pdmesh.engine.handoff import KVHandoff
 from pdmesh.engine.model_runner import ModelRunner, StepResult
 from pdmesh.engine.output import RequestState
@@ -204,14 +204,11 @@ class LLMEngine:
             prepared = self.runner.prepare(sched) if sched else None
         started = time.perf_counter()
         result = self.runner.forward(prepared) if prepared is not None else None
-        # Steps that are mostly prompt: decode rows cost far less than a prompt token.
-        seconds, prompt = time.perf_counter() - started, sched.num_prompt_tokens if sched else 0
-        if result is not None and prompt >= 0.9 * sched.num_batched_tokens > 0:
-            self.prefill_cost.observe(prompt, seconds)
-        if self.step_log is not None and result is not None:
-            self.step_log.record(time.monotonic() - seconds, seconds, prompt,
-                                 sum(1 for s in sched.scheduled if s.num_new_tokens == 1),
-                                 self.scheduler.num_waiting, torch.get_num_threads())
+        if result is not None:
+            seconds, prompt = time.perf_counter() - started, sched.num_prompt_tokens
+            self.prefill_cost.observe_step(prompt, sched.num_batched_tokens, seconds)
+            if self.step_log is not None:
+                self.step_log.record(sched, prompt, seconds, self.scheduler.num_waiting)
         with self.lock:
             return self._finish_step(sched, result)
 
@@ -235,7 +232,8 @@ class LLMEngine:
                 state = self._requests[item.seq.request_id]
                 if state.metrics.first_scheduled_time is None:
                     state.metrics.first_scheduled_time = now
-            rows, seqs, drafts = expand_forks(result, self._fork)
+            rows, seqs, drafts = expand_forks(result, lambda seq: fork_siblings(
+                self._requests[seq.request_id], seq, self.tokenizer, self.config.device, self.kv, self.scheduler))
             logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
             for seq, verified in zip(seqs, self._sample(logits, seqs, drafts)):
                 self._commit(seq, verified)
@@ -273,19 +271,6 @@ class LLMEngine:
             if not seq.status.finished:
                 seq.num_computed_tokens = start + 1 + verified.num_accepted
                 self.kv.trim(seq, seq.num_computed_tokens)
-
-    def _fork(self, seq: Sequence) -> list[Sequence]:
-        """The siblings of an n > 1 request whose prompt just finished, sharing its blocks."""
-        state = self._requests[seq.request_id]
-        children = []
-        for _ in range(1, state.params.n):
-            child = state.new_sequence(self.tokenizer, self.config.device, list(seq.token_ids))
-            child.num_computed_tokens = seq.num_computed_tokens
-            child.num_cached_tokens = seq.num_cached_tokens
-            self.kv.fork(seq, child)
-            self.scheduler.add_running(child)
-            children.append(child)
-        return children
 
     def _append(self, seq: Sequence, token: int, lp: Any) -> None:
         state = self._requests[seq.request_id]

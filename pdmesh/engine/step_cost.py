@@ -33,3 +33,9 @@ class TokenCost:
         self.s_per_token = sample if not self.observed else (
             self.weight * sample + (1 - self.weight) * self.s_per_token)
         self.observed += 1
+
+    def observe_step(self, prompt_tokens: int, batched_tokens: int, seconds: float) -> None:
+        """A model step: counted only when at least 90% of its tokens are prompt (decode
+        rows cost far less than a prompt token and would make prompts look cheap)."""
+        if batched_tokens and prompt_tokens >= 0.9 * batched_tokens:
+            self.observe(prompt_tokens, seconds)

@@ -14,7 +14,12 @@ lost when a worker is killed).
 from __future__ import annotations
 
 import os
+import time
 from typing import IO
+
+import torch
+
+from pdmesh.engine.scheduler import SchedulerOutput
 
 ENV = "PDMESH_STEP_LOG"
 
@@ -29,9 +34,11 @@ class StepLog:
         path = os.environ.get(ENV, "")
         return cls(path) if path else None
 
-    def record(self, start: float, seconds: float, prompt_tokens: int, decode_rows: int, waiting: int,
-               threads: int) -> None:
-        self._file.write(f"{start:.6f}\t{seconds:.6f}\t{prompt_tokens}\t{decode_rows}\t{waiting}\t{threads}\n")
+    def record(self, sched: SchedulerOutput, prompt_tokens: int, seconds: float, waiting: int) -> None:
+        """A step whose forward pass just ended, ``seconds`` after it started."""
+        decode_rows = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
+        self._file.write(f"{time.monotonic() - seconds:.6f}\t{seconds:.6f}\t{prompt_tokens}\t{decode_rows}"
+                         f"\t{waiting}\t{torch.get_num_threads()}\n")
 
     def close(self) -> None:
         self._file.close()

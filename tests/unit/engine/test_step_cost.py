@@ -33,3 +33,12 @@ def test_token_cost_ignores_small_samples_and_averages() -> None:
     cost.observe(100, 0.1)
     cost.observe(100, 0.3)
     assert abs(cost.s_per_token - 0.002) < 1e-12
+
+
+def test_only_steps_that_are_mostly_prompt_price_a_prompt_token() -> None:
+    cost = TokenCost(min_tokens=64)
+    cost.observe_step(100, 200, 0.5)  # half decode rows: not a prompt's price
+    cost.observe_step(0, 0, 0.5)
+    assert cost.observed == 0
+    cost.observe_step(180, 200, 0.36)  # 90% prompt: counted
+    assert cost.observed == 1 and abs(cost.s_per_token - 0.002) < 1e-12

@@ -71,7 +71,6 @@ class CoreShare:
         self._map[self._at] = 0
         self._map[self._at + 1] = share
         self._map[self._at + 2] = 0
-        self._steps = 0
         self._stuck: dict[int, int] = {}
         """Peer slot -> borrowing mark that outlasted a whole wait: not waited for again
         while the mark stays the same."""
@@ -106,8 +105,7 @@ class CoreShare:
         threads = min(self.total, self.share + self._idle_peer_cores())
         if threads > self.share:
             self.lent_steps += 1
-            self._steps = self._steps % 255 + 1
-        self._map[self._at + 2] = self._steps if threads > self.share else 0
+        self._map[self._at + 2] = self.lent_steps % 255 + 1 if threads > self.share else 0
         self._apply(threads)
         return threads
 

@@ -93,7 +93,7 @@ class WorkerInfo(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., kvstore_fetched_tokens: _Optional[int] = ..., kvstore_offloaded_blocks: _Optional[int] = ..., overlapped_blocks: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., kvstore_us_per_token: _Optional[float] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "resume_token_ids", "resume_text_chars")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "resume_token_ids", "resume_text_chars", "feed_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class ReserveRequest(_message.Message):
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUME_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    FEED_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -108,7 +109,8 @@ class ReserveRequest(_message.Message):
     lease_ms: int
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     resume_text_chars: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ...) -> None: ...
+    feed_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., lease_ms: _Optional[int] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., resume_text_chars: _Optional[int] = ..., feed_id: _Optional[str] = ...) -> None: ...
 
 class KvHandle(_message.Message):
     __slots__ = ("worker_id", "block_ids", "first_block", "cached_tokens", "compat_hash", "lease_expiry_unix_ms", "transfer_id", "worker_address")
@@ -187,15 +189,29 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "first_token_id", "first_logprob", "cached_tokens", "transfer_id")
+    __slots__ = ("request_id", "first_token_id", "first_logprob", "cached_tokens", "transfer_id", "feed_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    FEED_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token_id: int
     first_logprob: _common_pb2.TokenLogprob
     cached_tokens: int
     transfer_id: str
-    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., transfer_id: _Optional[str] = ...) -> None: ...
+    feed_id: str
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., transfer_id: _Optional[str] = ..., feed_id: _Optional[str] = ...) -> None: ...
+
+class FeedRequest(_message.Message):
+    __slots__ = ("feed_id",)
+    FEED_ID_FIELD_NUMBER: _ClassVar[int]
+    feed_id: str
+    def __init__(self, feed_id: _Optional[str] = ...) -> None: ...
+
+class FeedBatch(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[_generate_pb2.GenerateResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[_generate_pb2.GenerateResponse, _Mapping]]] = ...) -> None: ...

@@ -218,6 +218,11 @@ class DecodeStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Feed = channel.unary_stream(
+                '/pdmesh.v1.Decode/Feed',
+                request_serializer=pdmesh_dot_v1_dot_worker__pb2.FeedRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_worker__pb2.FeedBatch.FromString,
+                _registered_method=True)
 
 
 class DecodeServicer:
@@ -263,6 +268,15 @@ class DecodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Feed(self, request, context):
+        """One router's token feed: the messages of every Decode and GenerateLocal call that
+        names this feed, batched per engine step (one gRPC message per step, not one per
+        token per request). The first batch is empty: the feed is open from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +304,11 @@ def add_DecodeServicer_to_server(servicer, server):
                     servicer.GenerateLocal,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.ReserveRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_generate__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Feed': grpc.unary_stream_rpc_method_handler(
+                    servicer.Feed,
+                    request_deserializer=pdmesh_dot_v1_dot_worker__pb2.FeedRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_worker__pb2.FeedBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -428,6 +447,33 @@ class Decode:
             '/pdmesh.v1.Decode/GenerateLocal',
             pdmesh_dot_v1_dot_worker__pb2.ReserveRequest.SerializeToString,
             pdmesh_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Feed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdmesh.v1.Decode/Feed',
+            pdmesh_dot_v1_dot_worker__pb2.FeedRequest.SerializeToString,
+            pdmesh_dot_v1_dot_worker__pb2.FeedBatch.FromString,
             options,
             channel_credentials,
             insecure,

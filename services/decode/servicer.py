@@ -26,6 +26,7 @@ import grpc
 
 from pdmesh.engine.resume import Resume
 from pdmesh.mesh_types import KvDestination
+from pdmesh.rpc.feed_source import Feed, Feeds
 from pdmesh.rpc.convert import (
     destination_to_proto,
     logprob_from_proto,
@@ -47,6 +48,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
         self.reservations = Reservations()
+        self.feeds = Feeds()
 
     def _params(self, msg: worker_pb2.ReserveRequest) -> SamplingParams:
         return sampling_from_proto(msg.sampling, output_kind="delta", cache_salt=msg.cache_salt or None)
@@ -116,7 +118,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             def commit() -> None:
                 core.engine.handoff.commit(rid, request.first_token_id, lp, request.cached_tokens)
 
-            async for resp in self._relay(rid, core.aeng.stream(rid, commit), span):
+            async for resp in self._relay(rid, core.aeng.stream(rid, commit), span, self._feed(request.feed_id)):
                 yield resp
         finally:
             span.end()
@@ -135,12 +137,24 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         stream = self.core.aeng.generate(list(request.prompt_token_ids), params, request.request_id,
                                          resume=resume)
         try:
-            async for resp in self._relay(request.request_id, stream, span):
+            async for resp in self._relay(request.request_id, stream, span, self._feed(request.feed_id)):
                 yield resp
         finally:
             span.end()
 
-    async def _relay(self, rid: str, stream, span) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
+    async def Feed(self, request: worker_pb2.FeedRequest, context) -> AsyncIterator[worker_pb2.FeedBatch]:  # noqa: N802
+        async for batch in self.feeds.serve(request.feed_id):
+            yield batch
+
+    def _feed(self, feed_id: str) -> Feed | None:
+        feed = self.feeds.get(feed_id)
+        if feed is None and feed_id:
+            self.core.counters.feed_misses += 1
+            log.warning("a call named token feed %s, which is not open here: streaming on the call", feed_id)
+        return feed
+
+    async def _relay(self, rid: str, stream, span, feed: Feed | None) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
+        """The request's messages: yielded for its own call, or pushed onto ``feed``."""
         total = 0
         timer = self.core.request_metrics.stream()
         async for out in stream:
@@ -166,7 +180,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                         "pdmesh.spec_accepted_tokens": out.metrics.spec_accepted_tokens,
                         "pdmesh.spec_mean_accepted_length": out.metrics.spec_mean_accepted_length or 0.0,
                     })
-            yield response_from_output(out, rid, total)
+            if feed is None:
+                yield response_from_output(out, rid, total)
+            else:
+                feed.push(response_from_output(out, rid, total))
 
 
 def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> DecodeServicer:

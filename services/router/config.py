@@ -75,6 +75,10 @@ class RouterConfig(MeshContract, ServerConfig):
     down_after_failures: int = 3
     """A worker is marked down after this many Info failures in a row (a busy worker's
     slow answer must not flap it); a call that finds it unreachable marks it at once."""
+    token_feed: bool = True
+    """Decode workers send this router's tokens over one stream each, a message per engine
+    step for all requests (pdmesh/rpc/feed_sink.py), instead of a message per token on
+    every request's own call."""
     max_migrations: int = 3
     """Times one request may move to another decode worker after its worker failed."""
     max_request_mb: float = 8.0

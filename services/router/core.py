@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from pdmesh.errors import InvalidRequestError, UnavailableError
 from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
 from pdmesh.model.config import ModelConfig
+from pdmesh.rpc.feed_sink import Feeds
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
@@ -61,6 +62,8 @@ class RouterCore:
         self.flows: dict[str, Completions] = {}
         """request id -> its live completions (what ``Abort`` reaches)."""
         self.admission = AdmissionGate(cfg.max_in_flight, cfg.max_queued)
+        self.feeds = Feeds(cfg.token_feed)
+        """Token feeds from the decode workers."""
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, "router")
         self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))

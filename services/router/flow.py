@@ -8,7 +8,8 @@ Lifecycle (the methods below, in this order):
   3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token,
                 streamed at once where its text is certain (first_token.py); one that is
                 unreachable is marked down and the next attempt routes to another;
-  4. decode   — the decode worker's stream is relayed; if that worker fails mid-stream,
+  4. decode   — the decode worker's messages are relayed (over its token feed when open:
+                ``pdmesh/rpc/feed_sink.py``); if that worker fails mid-stream,
                 another continues from the tokens already streamed (``GenerateLocal`` with
                 resume tokens): no gap, no repeat (at most ``max_migrations`` times);
   5. release  — in-flight counts drop; a caller that leaves, or ``abort()``, cancels the
@@ -92,8 +93,7 @@ class RequestFlow:
 
     # -- the stream the caller sees ---------------------------------------------------
     def stream(self) -> AsyncIterator[Any]:
-        """``run`` as the caller sees it: ``GenerateResponse``s with telemetry and the abort
-        contract around them (``services/router/caller_stream.py``)."""
+        """``run`` as the caller sees it, with telemetry and the abort contract (caller_stream.py)."""
         return caller_stream(self)
 
     def abort(self) -> bool:
@@ -114,8 +114,7 @@ class RequestFlow:
             for _ in range(PREFILL_ATTEMPTS):
                 local = await self.route()
                 if local:
-                    async for resp in self._decoded(decode_stub(self.decode.address).GenerateLocal(
-                        self._reserve_msg(), metadata=self.metadata, timeout=self.left())):
+                    async for resp in self._decoded(self._decode_call("GenerateLocal", self._reserve_msg())):
                         yield resp
                     return
                 first = await self.reserve_and_prefill()
@@ -208,8 +207,7 @@ class RequestFlow:
                 yield relayed
                 if relayed.finish_reason:
                     return  # it ends the request: the decode worker has nothing to add
-            call = d_stub.Decode(messages.decode_request(self.request_id, prefill_response, handle),
-                                 metadata=self.metadata, timeout=self.left())
+            call = self._decode_call("Decode", messages.decode_request(self.request_id, prefill_response, handle))
             async for resp in self._decoded(call, relayed):
                 yield resp
         finally:
@@ -270,16 +268,17 @@ class RequestFlow:
 
     def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
         """Mark the failed decode worker down and resume the request on another."""
-        core = self.core
         self._replace_decode(exc, "mid-stream")
-        core.migrations += 1
-        msg = messages.reserve_request(self.request_id, self.prompt, self.params, core.cfg.lease_ms,
-                                       (self.streamed_tokens, self.streamed_chars))
-        return decode_stub(self.decode.address).GenerateLocal(msg, metadata=self.metadata, timeout=self.left())
+        self.core.migrations += 1
+        return self._decode_call("GenerateLocal", self._reserve_msg((self.streamed_tokens, self.streamed_chars)))
 
     # -- calls ------------------------------------------------------------------------
-    def _reserve_msg(self) -> Any:
-        return messages.reserve_request(self.request_id, self.prompt, self.params, self.core.cfg.lease_ms)
+    def _decode_call(self, method: str, msg: Any) -> Any:
+        """``method`` on the decode worker, its messages over the token feed when open."""
+        return self.core.feeds.start(self._decode().address, method, msg, self.metadata, self.left())
+
+    def _reserve_msg(self, resume: tuple[list[int], int] | None = None) -> Any:
+        return messages.reserve_request(self.request_id, self.prompt, self.params, self.core.cfg.lease_ms, resume)
 
     def _start(self, call: Any) -> Any:
         """Make ``call`` the one ``abort`` cancels; refuse to start it once aborted."""

@@ -63,6 +63,7 @@ async def serve(cfg: RouterConfig) -> None:
 
     async def stop() -> None:
         await cancel_all(background)
+        await core.feeds.close()
 
     await serve_until_signal(server, health_servicer, servicer.SERVICES, cfg.drain_grace_s, stop,
                              http.stop if http is not None else None)

@@ -45,6 +45,8 @@ class Counters:
     expired_leases: int = 0
     computed_prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    feed_misses: int = 0
+    """Decode calls that named a token feed not open here (their tokens went on the call)."""
 
 
 def _transport(name: str, region: KVRegion) -> KVTransport:

@@ -40,6 +40,8 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
          c.overlapped_blocks, role),
         ("counter", "pdmesh_expired_leases", "Reservations freed because their KV never came",
          c.expired_leases, role),
+        ("counter", "pdmesh_feed_misses", "Decode calls naming a token feed not open here (streamed on the call)",
+         c.feed_misses, role),
         *_spec_samples(core, role),
         *_core_share_samples(core, role),
     ]

@@ -19,24 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
 from pdmesh.engine.resume import Resume
 from pdmesh.mesh_types import KvDestination
-from pdmesh.rpc.feed_source import Feed, Feeds
 from pdmesh.rpc.convert import (
     destination_to_proto,
     logprob_from_proto,
-    response_from_output,
     sampling_from_proto,
 )
+from pdmesh.rpc.feed_source import Feed, Feeds
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import generate_pb2, worker_pb2, worker_pb2_grpc
+from services.decode.relay import Relay
 from services.decode.reservations import Reservations
 from services.worker.core import WorkerCore
 
@@ -118,7 +118,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             def commit() -> None:
                 core.engine.handoff.commit(rid, request.first_token_id, lp, request.cached_tokens)
 
-            async for resp in self._relay(rid, core.aeng.stream(rid, commit), span, self._feed(request.feed_id)):
+            async for resp in self._send(rid, commit, span, request.feed_id):
                 yield resp
         finally:
             span.end()
@@ -134,10 +134,13 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if request.resume_token_ids:
             resume = Resume(tuple(request.resume_token_ids), request.resume_text_chars)
             span.set_attribute("pdmesh.resumed_tokens", len(resume.token_ids))
-        stream = self.core.aeng.generate(list(request.prompt_token_ids), params, request.request_id,
-                                         resume=resume)
+        rid, ids = request.request_id, list(request.prompt_token_ids)
+
+        def start() -> None:
+            self.core.engine.add_request(rid, ids, params, resume=resume)
+
         try:
-            async for resp in self._relay(request.request_id, stream, span, self._feed(request.feed_id)):
+            async for resp in self._send(rid, start, span, request.feed_id):
                 yield resp
         finally:
             span.end()
@@ -153,37 +156,16 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             log.warning("a call named token feed %s, which is not open here: streaming on the call", feed_id)
         return feed
 
-    async def _relay(self, rid: str, stream, span, feed: Feed | None) -> AsyncIterator[generate_pb2.GenerateResponse]:  # type: ignore[no-untyped-def]
-        """The request's messages: yielded for its own call, or pushed onto ``feed``."""
-        total = 0
-        timer = self.core.request_metrics.stream()
-        async for out in stream:
-            n = len(out.outputs[0].token_ids) if out.outputs else 0
-            if n and not total:
-                m = out.metrics
-                span.set_attributes({
-                    "pdmesh.first_token_ms": 1000 * (time.monotonic() - timer.start),
-                    "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
-                })
-            total += n
-            timer.tokens(n)
-            if out.finished:
-                cached = out.metrics.num_cached_tokens
-                self.core.counters.cached_prompt_tokens += cached
-                reason = out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown"
-                timer.done(reason)
-                span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": total,
-                                     "pdmesh.cached_tokens": cached})
-                if out.metrics.spec_steps:
-                    span.set_attributes({
-                        "pdmesh.spec_draft_tokens": out.metrics.spec_draft_tokens,
-                        "pdmesh.spec_accepted_tokens": out.metrics.spec_accepted_tokens,
-                        "pdmesh.spec_mean_accepted_length": out.metrics.spec_mean_accepted_length or 0.0,
-                    })
+    async def _send(self, rid: str, start: Callable[[], None], span: Any,
+                    feed_id: str) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        """Start the request; its messages are yielded on its own call, or pushed onto the
+        feed its caller named (then the call ends without a message of its own)."""
+        relay, feed = Relay(self.core, rid, span), self._feed(feed_id)
+        async for out in self.core.aeng.stream(rid, start):
             if feed is None:
-                yield response_from_output(out, rid, total)
+                yield relay(out)
             else:
-                feed.push(response_from_output(out, rid, total))
+                feed.push(relay(out))
 
 
 def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> DecodeServicer:

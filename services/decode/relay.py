@@ -1,0 +1,51 @@
+"""One request's outputs as the messages a decode worker sends, with its telemetry."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from pdmesh.request import RequestOutput
+from pdmesh.rpc.convert import response_from_output
+
+if TYPE_CHECKING:
+    from pdmesh.v1 import generate_pb2
+    from services.worker.core import WorkerCore
+
+
+class Relay:
+    """Turns each delta output into a ``GenerateResponse`` and records, on the way, what the
+    request's span and the worker's metrics say about it (first token, finish, cache)."""
+
+    def __init__(self, core: WorkerCore, request_id: str, span: Any) -> None:
+        self.core, self.request_id, self.span = core, request_id, span
+        self.total = 0
+        self.timer = core.request_metrics.stream()
+
+    def __call__(self, out: RequestOutput) -> generate_pb2.GenerateResponse:
+        n = len(out.outputs[0].token_ids) if out.outputs else 0
+        if n and not self.total:
+            m = out.metrics
+            self.span.set_attributes({
+                "pdmesh.first_token_ms": 1000 * (time.monotonic() - self.timer.start),
+                "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
+            })
+        self.total += n
+        self.timer.tokens(n)
+        if out.finished:
+            self._finished(out)
+        return response_from_output(out, self.request_id, self.total)
+
+    def _finished(self, out: RequestOutput) -> None:
+        cached = out.metrics.num_cached_tokens
+        self.core.counters.cached_prompt_tokens += cached
+        reason = out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown"
+        self.timer.done(reason)
+        self.span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": self.total,
+                                  "pdmesh.cached_tokens": cached})
+        if out.metrics.spec_steps:
+            self.span.set_attributes({
+                "pdmesh.spec_draft_tokens": out.metrics.spec_draft_tokens,
+                "pdmesh.spec_accepted_tokens": out.metrics.spec_accepted_tokens,
+                "pdmesh.spec_mean_accepted_length": out.metrics.spec_mean_accepted_length or 0.0,
+            })

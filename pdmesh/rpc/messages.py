@@ -28,11 +28,22 @@ def reserve_request(rid: str, ids: list[int], params: SamplingParams, lease_ms: 
 
 
 def prefill_request(rid: str, ids: list[int], params: SamplingParams, handle: Any) -> worker_pb2.PrefillRequest:
-    """``handle`` is the decode worker's ``KvHandle``, forwarded as it came."""
-    return worker_pb2.PrefillRequest(
+    """``handle`` is the decode worker's ``KvHandle``, forwarded as it came; None: it follows
+    in a second message (``PrefillStream``, ``destination_message``)."""
+    msg = worker_pb2.PrefillRequest(
         request_id=rid, prompt_token_ids=ids, sampling=sampling_to_proto(params),
-        cache_salt=params.cache_salt or "", destination=handle,
+        cache_salt=params.cache_salt or "",
     )
+    if handle is not None:
+        msg.destination.CopyFrom(handle)
+    return msg
+
+
+def destination_message(rid: str, handle: Any) -> worker_pb2.PrefillRequest:
+    """``PrefillStream``'s second message: the destination alone."""
+    msg = worker_pb2.PrefillRequest(request_id=rid)
+    msg.destination.CopyFrom(handle)
+    return msg
 
 
 def decode_request(rid: str, prefill_response: Any, handle: Any) -> worker_pb2.DecodeRequest:

@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from pdmesh.errors import InvalidRequestError
 from pdmesh.rpc.status import message_for, status_for
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.tls import configure as configure_tls
@@ -59,6 +60,9 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream:
             return handler._replace(unary_stream=_wrap_stream(handler.unary_stream),
                                     request_deserializer=deserializer)
+        if handler.stream_unary:  # its handler reads with ``read_message``
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary),
+                                    request_deserializer=deserializer)
         return handler
 
 
@@ -80,6 +84,15 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None, method: str) -> Callab
             return _Malformed(method, exc)
 
     return parse
+
+
+async def read_message(context: grpc.aio.ServicerContext) -> Any:
+    """The next message of a client stream (``grpc.aio.EOF`` at its end); one that did not
+    deserialize is refused as INVALID_ARGUMENT naming the method."""
+    msg = await context.read()
+    if isinstance(msg, _Malformed):
+        raise InvalidRequestError("request", msg.message)
+    return msg
 
 
 RETRY_AFTER_MS = "1000"

@@ -118,6 +118,11 @@ class PrefillStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
                 _registered_method=True)
+        self.PrefillStream = channel.stream_unary(
+                '/pdmesh.v1.Prefill/PrefillStream',
+                request_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
+                _registered_method=True)
 
 
 class PrefillServicer:
@@ -135,11 +140,26 @@ class PrefillServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefillStream(self, request_iterator, context):
+        """Prefill as above, its destination sent later: the first message is the request less
+        its destination, which starts computing; the second carries only the destination
+        (the caller reserves on the decode worker meanwhile, off the path to the first token).
+        Blocks finished before the destination arrives are written once it has.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefillServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Prefill': grpc.unary_unary_rpc_method_handler(
                     servicer.Prefill,
+                    request_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
+            ),
+            'PrefillStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.PrefillStream,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
             ),
@@ -170,6 +190,33 @@ class Prefill:
             request,
             target,
             '/pdmesh.v1.Prefill/Prefill',
+            pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
+            pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefillStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/pdmesh.v1.Prefill/PrefillStream',
             pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
             pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
             options,

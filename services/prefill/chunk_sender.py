@@ -7,6 +7,10 @@ included — and returns once every write is DONE, i.e. in the decode worker's m
 ``Prefill`` response that follows is what tells the router, and its ``Decode`` the decode
 worker, that the KV has landed. Full blocks are never written again by the engine, so
 sending them early is safe; the request owns them until it is released.
+
+The destination may come after the prefill started (``PrefillStream``: the router reserves
+on the decode worker while the prompt computes): nothing is written until it has come,
+then everything finished so far goes at once.
 """
 
 from __future__ import annotations
@@ -18,15 +22,17 @@ from services.worker.core import WorkerCore
 
 
 class ChunkSender:
-    def __init__(self, core: WorkerCore, rid: str, dest: KvDestination, timeout: float,
+    def __init__(self, core: WorkerCore, rid: str, destination: asyncio.Future[KvDestination], timeout: float,
                  span=None) -> None:  # type: ignore[no-untyped-def]
         self.core = core
         self.rid = rid
-        self.dest = dest
+        self.destination = destination
+        self.dest: KvDestination | None = None
+        """Set once the destination came and this worker is connected to it."""
         self.timeout = timeout
-        self.sent = dest.first_block
+        self.sent = 0
         """Prompt blocks [first_block, sent) are on the decode worker."""
-        self.ready = dest.first_block
+        self.ready = 0
         self.overlapped_blocks = 0
         self.bytes = 0
         self._wake = asyncio.Event()
@@ -47,8 +53,18 @@ class ChunkSender:
             self.ready = full_blocks
             self._wake.set()
 
+    async def _connect(self) -> KvDestination:
+        """The destination, once it came (at most ``timeout``) and NIXL reaches it."""
+        if self.dest is None:
+            dest = await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
+            await self.core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
+            self.dest, self.sent = dest, dest.first_block
+        return self.dest
+
     async def _run(self) -> None:
         try:
+            await self._connect()
+            self._wake.set()  # what finished while the destination was on its way
             while not self._closing:
                 await self._wake.wait()
                 self._wake.clear()
@@ -58,12 +74,13 @@ class ChunkSender:
             self._error = exc
 
     async def _write(self, start: int, end: int) -> int:
-        end = min(end, self.dest.first_block + len(self.dest.block_ids))
+        dest = await self._connect()
+        end = min(end, dest.first_block + len(dest.block_ids))
         if end <= start:
             return 0
         src = self.core.aeng.call(lambda: self.core.engine.block_ids_of(self.rid))[start:end]
-        dst = list(self.dest.block_ids[start - self.dest.first_block : end - self.dest.first_block])
-        self.bytes += await self.core.write_kv(self.dest.worker_id, src, dst, self.timeout)
+        dst = list(dest.block_ids[start - dest.first_block : end - dest.first_block])
+        self.bytes += await self.core.write_kv(dest.worker_id, src, dst, self.timeout)
         self.sent = end
         return end - start
 
@@ -72,15 +89,19 @@ class ChunkSender:
         await self.stop()
         if self._error is not None:
             raise self._error
+        dest = await self._connect()
         if self.sent < total_blocks:
             await self._write(self.sent, total_blocks)
-        return self.sent - self.dest.first_block
+        return self.sent - dest.first_block
 
     async def stop(self) -> None:
-        """Stop watching; a write in progress completes first (never abandoned mid-flight)."""
+        """Stop watching; a write in progress completes first (never abandoned mid-flight),
+        a wait for the destination does not."""
         self.core.aeng.watch_progress(self.rid, None)
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            await self._task
+            if self.dest is None:
+                self._task.cancel()
+            await asyncio.wait([self._task])
             self._task = None

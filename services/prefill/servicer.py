@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from pdmesh.errors import InvalidRequestError
 from pdmesh.mesh_types import KvDestination
 from pdmesh.request import RequestOutput
 from pdmesh.rpc.convert import (
@@ -34,6 +35,7 @@ from pdmesh.rpc.convert import (
     sampling_from_proto,
 )
 from pdmesh.rpc.process import remaining
+from pdmesh.rpc.server import read_message
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
@@ -53,7 +55,8 @@ class PrefillJob:
     prompt: list[int]
     params: SamplingParams
     """The user's params cut down to one token (no stop strings, final output only)."""
-    destination: KvDestination
+    destination: asyncio.Future[KvDestination]
+    """Known when the call starts (``Prefill``) or once its second message came (``PrefillStream``)."""
     transfer_timeout_s: float
     span: Any
     started: float = 0.0
@@ -71,10 +74,44 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     async def Prefill(  # noqa: N802 (gRPC method name)
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PrefillResponse:
+        destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
+        destination.set_result(destination_from_proto(request.destination))
+        return await self._prefill(request, context, destination)
+
+    async def PrefillStream(  # noqa: N802 (gRPC method name)
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        """The request, then its destination in a second message, read while it computes."""
+        request = await read_message(context)
+        if request is grpc.aio.EOF:
+            raise InvalidRequestError("PrefillStream", "the stream ended before the request")
+        destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
+
+        async def read_destination() -> None:
+            try:
+                msg = await read_message(context)
+            except Exception as exc:  # noqa: BLE001 - the prefill fails with it
+                destination.set_exception(exc)
+                return
+            if msg is grpc.aio.EOF or not msg.HasField("destination"):
+                destination.set_exception(InvalidRequestError(
+                    "destination", "PrefillStream's second message must carry the destination"))
+            else:
+                destination.set_result(destination_from_proto(msg.destination))
+
+        reader = asyncio.create_task(read_destination())
+        try:
+            return await self._prefill(request, context, destination)
+        finally:
+            reader.cancel()
+            if not destination.done():
+                destination.cancel()
+            elif not destination.cancelled():
+                destination.exception()  # seen (the prefill already failed with it or without)
+
+    async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,
+                       destination: asyncio.Future[KvDestination]) -> worker_pb2.PrefillResponse:
         core = self.core
-        dest = destination_from_proto(request.destination)
-        budget = remaining(context, core.cfg.transfer_timeout_s + 600)
-        await core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(budget, 5.0))
         user = sampling_from_proto(request.sampling)
         params = user.replace(
             max_tokens=1, min_tokens=min(user.min_tokens, 1), stop=(), output_kind="final_only",
@@ -82,10 +119,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         )
         rid = request.request_id
         ids = list(request.prompt_token_ids)
-        span = tracing.start_span("prefill", tracing.incoming(context), request_id=rid,
-                                  prompt_tokens=len(ids), destination=dest.worker_id)
+        span = tracing.start_span("prefill", tracing.incoming(context), request_id=rid, prompt_tokens=len(ids))
         bind_request(rid, span)
-        job = PrefillJob(rid, ids, params, dest,
+        job = PrefillJob(rid, ids, params, destination,
                          min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
                          span, time.perf_counter(), user_stops=bool(user.stop))
         try:
@@ -105,10 +141,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             fetched = await self.tier.fetch(job.prompt, job.params, tracing.child_context(fetch))
             fetch.set_attribute("pdmesh.fetched_tokens", fetched)
             fetch.end()
-        dest = job.destination
-        sender = ChunkSender(core, job.request_id, dest, job.transfer_timeout_s, job.span)
-        transfer = tracing.start_span("kv_transfer", sctx, peer=dest.worker_id, first_block=dest.first_block,
-                                      bytes_needed=len(dest.block_ids) * core.transport.block_bytes)
+        sender = ChunkSender(core, job.request_id, job.destination, job.transfer_timeout_s, job.span)
+        transfer = tracing.start_span("kv_transfer", sctx)
         final = await self._compute(job, sender, transfer)
         computed_at = time.perf_counter()
         timer.tokens(1)
@@ -117,9 +151,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             try:
                 sent_blocks = await sender.finish(-(-len(job.prompt) // core.cfg.block_size))
             finally:
-                transfer.set_attributes({"pdmesh.bytes": sender.bytes,
-                                         "pdmesh.blocks": sender.sent - dest.first_block,
-                                         "pdmesh.overlapped_blocks": sender.overlapped_blocks})
+                dest = sender.dest
+                if dest is not None:
+                    transfer.set_attributes({
+                        "pdmesh.peer": dest.worker_id, "pdmesh.first_block": dest.first_block,
+                        "pdmesh.bytes_needed": len(dest.block_ids) * core.transport.block_bytes,
+                        "pdmesh.bytes": sender.bytes, "pdmesh.blocks": sender.sent - dest.first_block,
+                        "pdmesh.overlapped_blocks": sender.overlapped_blocks})
+                    job.span.set_attribute("pdmesh.destination", dest.worker_id)
                 transfer.end()
             core.counters.overlapped_blocks += sender.overlapped_blocks
             if self.tier is not None:

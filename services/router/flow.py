@@ -29,10 +29,10 @@ import grpc
 from pdmesh.errors import UnavailableError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.rpc import messages
-from pdmesh.rpc.clients import decode_stub, prefill_stub
+from pdmesh.rpc.clients import decode_stub
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.router import first_token, reservation
+from services.router import first_token, handoff, reservation
 from services.router.caller_stream import caller_stream
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
@@ -83,7 +83,7 @@ class RequestFlow:
     decode_answered: bool = False
     """A decode worker's stream has sent a message (its reservation is claimed)."""
 
-    def _decode(self) -> WorkerHandle:
+    def decode_worker(self) -> WorkerHandle:
         if self.decode is None:
             raise RuntimeError(f"{self.request_id}: a stage ran before run() chose the decode worker")
         return self.decode
@@ -114,7 +114,7 @@ class RequestFlow:
             for _ in range(PREFILL_ATTEMPTS):
                 local = await self.route()
                 if local:
-                    async for resp in self._decoded(self._decode_call("GenerateLocal", self._reserve_msg())):
+                    async for resp in self._decoded(self._decode_call("GenerateLocal", self.reserve_msg())):
                         yield resp
                     return
                 first = await self.reserve_and_prefill()
@@ -130,7 +130,7 @@ class RequestFlow:
 
     async def route(self) -> str:
         """Choose the prefill worker; returns the reason to prefill locally ("" = don't)."""
-        core, decode = self.core, self._decode()
+        core, decode = self.core, self.decode_worker()
         span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
                                   candidates=len(core.workers.healthy("prefill")))
         choice = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
@@ -148,57 +148,15 @@ class RequestFlow:
         return reason
 
     async def reserve_and_prefill(self) -> tuple[Any, Any] | None:
-        """Reserve on the decode worker, prefill on the chosen one: ``(response, handle)``,
-        or None to try again: the prefill worker was unreachable (marked down), or the
-        decode worker was (replaced by another); the reservation is released either way."""
-        choice = self.prefill
-        if choice is None:
-            raise RuntimeError(f"{self.request_id}: prefill before a prefill worker was chosen")
-        prefill, d_stub = choice.worker, decode_stub(self._decode().address)
-        work = max(0, len(self.prompt) - choice.cached_tokens)
-        with prefill.counted(work):  # from the decision on: the next ones of a burst see it
-            return await self._reserve_and_prefill(prefill, d_stub)
-
-    async def _reserve_and_prefill(self, prefill: WorkerHandle, d_stub: Any) -> tuple[Any, Any] | None:
-        try:
-            handle = await self._start(d_stub.Reserve(self._reserve_msg(), metadata=self.metadata,
-                                                      timeout=self.left()))
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                raise
-            self._replace_decode(exc, "reserve")  # dead, or full: the next decode worker
-            return None
-        renewing = asyncio.create_task(reservation.keep_alive(d_stub, self.request_id, self.core.cfg.lease_ms))
-        try:
-            response = await self._start(prefill_stub(prefill.address).Prefill(
-                messages.prefill_request(self.request_id, self.prompt, self.params, handle),
-                metadata=self.metadata, timeout=self.left(),
-            ))
-        except grpc.aio.AioRpcError as exc:
-            await reservation.give_back(d_stub, self.request_id)
-            if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
-                self._replace_decode(exc, "kv transfer")
-                return None
-            if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            self.core.workers.mark_down(prefill)
-            self.tried.add(prefill.worker_id)
-            self.core.prefill_retries += 1
-            log.warning("prefill worker %s unavailable for %s: %s", prefill.worker_id,
-                        self.request_id, exc.details())
-            return None
-        except BaseException:
-            await reservation.give_back(d_stub, self.request_id)
-            raise
-        finally:
-            renewing.cancel()
-        return response, handle
+        """Prefill on the chosen worker into a reservation on the decode worker:
+        ``(response, handle)``, or None to try again (``services/router/handoff.py``)."""
+        return await handoff.reserve_and_prefill(self)
 
     async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
         """The first token straight from ``prefill_response`` where its text is certain
         (``first_token``), then the decode worker's stream; no ``Decode`` at all when that
         token ends the request."""
-        d_stub = decode_stub(self._decode().address)
+        d_stub = decode_stub(self.decode_worker().address)
         relayed = first_token.early(prefill_response, self.params, len(self.prompt),
                                     max(handle.cached_tokens, prefill_response.cached_tokens))
         try:
@@ -247,10 +205,10 @@ class RequestFlow:
         self.streamed_chars += len(resp.text)
         self.finished = self.finished or bool(resp.finish_reason)
 
-    def _replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
+    def replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
         """Leave a decode worker that failed this request (marked down unless it was only
         full) for another healthy one; UNAVAILABLE when none is left."""
-        core, failed = self.core, self._decode()
+        core, failed = self.core, self.decode_worker()
         if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
             core.workers.mark_down(failed)
         self.failed_decode.add(failed.worker_id)
@@ -268,19 +226,19 @@ class RequestFlow:
 
     def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
         """Mark the failed decode worker down and resume the request on another."""
-        self._replace_decode(exc, "mid-stream")
+        self.replace_decode(exc, "mid-stream")
         self.core.migrations += 1
-        return self._decode_call("GenerateLocal", self._reserve_msg((self.streamed_tokens, self.streamed_chars)))
+        return self._decode_call("GenerateLocal", self.reserve_msg((self.streamed_tokens, self.streamed_chars)))
 
     # -- calls ------------------------------------------------------------------------
     def _decode_call(self, method: str, msg: Any) -> Any:
         """``method`` on the decode worker, its messages over the token feed when open."""
-        return self.core.feeds.start(self._decode().address, method, msg, self.metadata, self.left())
+        return self.core.feeds.start(self.decode_worker().address, method, msg, self.metadata, self.left())
 
-    def _reserve_msg(self, resume: tuple[list[int], int] | None = None) -> Any:
+    def reserve_msg(self, resume: tuple[list[int], int] | None = None) -> Any:
         return messages.reserve_request(self.request_id, self.prompt, self.params, self.core.cfg.lease_ms, resume)
 
-    def _start(self, call: Any) -> Any:
+    def start_call(self, call: Any) -> Any:
         """Make ``call`` the one ``abort`` cancels; refuse to start it once aborted."""
         if self.aborted:
             call.cancel()
@@ -289,7 +247,7 @@ class RequestFlow:
         return call
 
     async def _relay(self, call: Any) -> AsyncIterator[Any]:
-        self._start(call)
+        self.start_call(call)
         try:
             async for resp in call:
                 yield resp

@@ -4,9 +4,11 @@ Starts 1 prefill + 1 decode worker and the router as ``pdmesh up`` does on this 
 then for fresh prompts sent one at a time alternates three ways of getting the first token:
 
 - ``router``: ``Generate`` through the router (what a caller sees);
-- ``direct``: the router's own calls made from here — ``Reserve`` on the decode worker,
-  ``Prefill`` on the prefill worker (its response says how long it computed and
-  transferred), the first message of ``Decode`` — each timed;
+- ``direct``: the hand-off's calls made from here one after another — ``Reserve`` on the
+  decode worker, ``Prefill`` on the prefill worker (its response says how long it computed
+  and transferred), the first message of ``Decode`` — each timed (the router overlaps
+  ``Reserve`` with the prefill, ``services/router/handoff.py``: router - direct is what
+  that and skipping the ``Decode`` message save);
 - ``local``: ``GenerateLocal`` on the decode worker, which prefills the prompt itself (one
   hop and the engine: the floor the mesh is measured against);
 then, once the mesh has stopped, ``in process``: the same number of fresh prompts through

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -134,7 +135,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         if request.resume_token_ids:
             resume = Resume(tuple(request.resume_token_ids), request.resume_text_chars)
             span.set_attribute("pdmesh.resumed_tokens", len(resume.token_ids))
-        rid, ids = request.request_id, list(request.prompt_token_ids)
+        rid, ids = request.request_id or f"local-{uuid.uuid4().hex}", list(request.prompt_token_ids)
 
         def start() -> None:
             self.core.engine.add_request(rid, ids, params, resume=resume)

@@ -15,6 +15,8 @@ Request lifecycle (one ``Prefill`` call):
                   whether the writes succeeded, failed or the caller went away.
 Before 1, with a kvstore, leading blocks this worker lacks but the store holds are read
 into local blocks, so the prefill starts from them instead of recomputing.
+``PrefillStream`` (what the router calls) is the same with the destination in a second
+message, which arrives during 1-2 (the decode worker reserves meanwhile); 4 waits for it.
 """
 
 from __future__ import annotations

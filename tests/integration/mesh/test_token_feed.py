@@ -114,7 +114,10 @@ def test_the_routers_requests_travel_on_the_feed(mesh: Mesh, client: Client) -> 
         assert len(client.complete(_prompt(10 + i), max_tokens=6, temperature=0, ignore_eos=True).token_ids) == 6
         time.sleep(0.05)
     after = scrape(router.metrics_address)
-    fed = total(after, "pdmesh_decode_calls_total", path="feed") - total(before, "pdmesh_decode_calls_total", path="feed")
-    unfed = total(after, "pdmesh_decode_calls_total", path="call") - total(before, "pdmesh_decode_calls_total",
-                                                                          path="call")
+
+    def calls(path: str) -> float:
+        return total(after, "pdmesh_decode_calls_total", path=path) - total(before, "pdmesh_decode_calls_total",
+                                                                          path=path)
+
+    fed, unfed = calls("feed"), calls("call")
     assert fed + unfed == n and fed >= n - 1  # the first may come before the feed is open

@@ -141,7 +141,11 @@ class Feeds:
 
 
 class FedCall:
-    """A decode call whose messages come over a feed, iterated and cancelled like the call."""
+    """A decode call whose messages come over a feed, iterated and cancelled like the call.
+
+    Iterating yields the call's messages until the one with the finish reason: from the
+    feed, or from the call itself when the worker did not hold the feed; the call's failure
+    (or the feed's) is raised, and leaving unsubscribes from the feed."""
 
     def __init__(self, call: Any, feed: WorkerFeed, request_id: str, queue: asyncio.Queue[Any],
                  lag_s: float) -> None:
@@ -151,46 +155,37 @@ class FedCall:
         return bool(self.call.cancel())
 
     async def __aiter__(self) -> AsyncIterator[Any]:
+        queue = self.queue
+        watcher = asyncio.ensure_future(self._watch())
+        ended = False
         try:
-            async for resp in relay(self.call, self.queue, self.lag_s):
-                yield resp
+            while True:
+                if not ended:
+                    item = await queue.get()
+                else:
+                    try:
+                        item = await asyncio.wait_for(queue.get(), self.lag_s)
+                    except asyncio.TimeoutError:
+                        raise unavailable(f"the decode call ended but its last message did not come on the "
+                                          f"token feed within {self.lag_s:.1f} s") from None
+                if item is _ENDED:
+                    ended = True
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason:
+                    return
         finally:
-            self.feed.unsubscribe(self.request_id, self.queue)
+            watcher.cancel()
+            self.feed.unsubscribe(self.request_id, queue)
 
-
-async def relay(call: Any, queue: asyncio.Queue[Any], lag_s: float) -> AsyncIterator[Any]:
-    """The messages of ``call`` (a Decode or GenerateLocal that named the feed) until the
-    one with the finish reason: from the feed, or from the call itself when the worker did
-    not hold the feed. The call's failure (or the feed's) is raised here."""
-
-    async def watch() -> None:
+    async def _watch(self) -> None:
+        """The call's own messages (a worker that did not hold the feed), then its end."""
         try:
-            async for resp in call:
-                queue.put_nowait(resp)
+            async for resp in self.call:
+                self.queue.put_nowait(resp)
         except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
-            queue.put_nowait(exc)
+            self.queue.put_nowait(exc)
             return
-        queue.put_nowait(_ENDED)
-
-    watcher = asyncio.ensure_future(watch())
-    ended = False
-    try:
-        while True:
-            if not ended:
-                item = await queue.get()
-            else:
-                try:
-                    item = await asyncio.wait_for(queue.get(), lag_s)
-                except asyncio.TimeoutError:
-                    raise unavailable(f"the decode call ended but its last message did not come on the "
-                                      f"token feed within {lag_s:.1f} s") from None
-            if item is _ENDED:
-                ended = True
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finish_reason:
-                return
-    finally:
-        watcher.cancel()
+        self.queue.put_nowait(_ENDED)

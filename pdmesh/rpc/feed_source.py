@@ -22,8 +22,7 @@ MAX_BATCH = 512
 class Feed:
     """The messages waiting to go to one router, and the stream that sends them."""
 
-    def __init__(self, feed_id: str) -> None:
-        self.feed_id = feed_id
+    def __init__(self) -> None:
         self._pending: list[generate_pb2.GenerateResponse] = []
         self._ready = asyncio.Event()
         self.closed = False
@@ -67,7 +66,7 @@ class Feeds:
         old = self._feeds.get(feed_id)
         if old is not None:
             old.close()
-        feed = self._feeds[feed_id] = Feed(feed_id)
+        feed = self._feeds[feed_id] = Feed()
         try:
             async for batch in feed.batches():
                 yield batch

@@ -76,8 +76,9 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
             raise
         flow.replace_decode(exc, "reserve")  # dead, or full: the next decode worker
         return None
-    except BaseException:
+    except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end
         call.cancel()
+        await reservation.give_back(d_stub, rid)
         raise
     renewing = asyncio.create_task(reservation.keep_alive(d_stub, rid, flow.core.cfg.lease_ms))
     try:

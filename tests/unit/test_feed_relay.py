@@ -1,4 +1,4 @@
-"""``pdmesh.rpc.feed_sink.relay``: the order rules between a fed call and its feed, with a
+"""``pdmesh.rpc.feed_sink.FedCall``: the order rules between a fed call and its feed, with a
 call that cannot be made to misbehave on purpose over real gRPC (a stand-in that yields
 what a finished call yields: nothing, then its end) and a real queue as the feed."""
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from pdmesh.rpc.feed_sink import relay
+from pdmesh.rpc.feed_sink import FedCall, WorkerFeed
 from pdmesh.v1 import generate_pb2
 
 
@@ -27,7 +27,8 @@ class EndedCall:
 
 async def _collect(queue: asyncio.Queue, lag_s: float) -> list[int]:  # type: ignore[type-arg]
     tokens: list[int] = []
-    async for resp in relay(EndedCall(), queue, lag_s):
+    feed = WorkerFeed("127.0.0.1:1", "unopened")  # never opened: only its subscriptions are used
+    async for resp in FedCall(EndedCall(), feed, "r", queue, lag_s):
         tokens += resp.token_ids
     return tokens
 

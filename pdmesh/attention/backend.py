@@ -27,8 +27,16 @@ class PrefillSeq:
     """Context after this chunk: cached/computed tokens plus the chunk."""
     block_ids: torch.Tensor
     """The blocks holding the context, in order (long)."""
-    mask: torch.Tensor | None
-    """Causal mask (q_len, ctx_len) when the chunk sits on a prefix; None = plain causal."""
+
+    def mask(self) -> torch.Tensor | None:
+        """Boolean causal mask (q_len, ctx_len) when the chunk sits on a prefix; None =
+        plain causal. Built on demand: only the torch backend's prefill reads it."""
+        start = self.ctx_len - self.q_len
+        if not start:
+            return None
+        dev = self.block_ids.device
+        q_pos = torch.arange(start, self.ctx_len, device=dev)[:, None]
+        return torch.arange(self.ctx_len, device=dev)[None, :] <= q_pos
 
 
 @dataclass(slots=True)
@@ -49,6 +57,11 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None = None
     """(num_decodes,) int64: context length of each decode token, itself included."""
     prefills: tuple[PrefillSeq, ...] = ()
+    prefill_tables: torch.Tensor | None = None
+    """(len(prefills), max_blocks) int64: each prefill's ``block_ids``, padded with 0."""
+    prefill_spans: torch.Tensor | None = None
+    """(len(prefills), 3) int64: each prefill's q_start, q_len and ctx_len, for kernels
+    that take every chunk of a step in one call."""
 
 
 class AttentionBackend(Protocol):

@@ -1,9 +1,11 @@
-"""Paged attention on CPU with the fused C++ decode kernel (``csrc/paged_attention.cpp``).
+"""Paged attention on CPU with pdmesh's fused C++ kernels (``csrc/``).
 
-Prefill chunks and KV writes are the torch backend's (one SDPA call per chunk, the call
-Hugging Face makes); decode tokens attend straight over the block tables instead of
-gathering and permuting every context per layer, which the profile showed to cost more
-than the attention math itself (docs/performance.md).
+KV writes are the torch backend's. Decode tokens attend straight over the block tables
+instead of gathering and permuting every context per layer, which the profile showed to
+cost more than the attention math itself (docs/performance.md, section 10); float32
+prefill chunks likewise read their cached prefix where it lies, all of a step's chunks in
+one call (``paged_prefill.cpp``, section 18). Other dtypes and head sizes prefill through
+the torch backend's SDPA calls.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ class CPUAttentionBackend(TorchAttentionBackend):
         super().__init__(device)
         self.kernels = load()
         """Also the model's fused norms and rotary embedding (``use_kernels``)."""
+        built = hasattr(self.kernels, "paged_prefill_")
+        self._prefill_tile = (self.kernels.paged_prefill_tile_rows(), self.kernels.paged_prefill_lanes()) \
+            if built else None
+        """The prefill kernel's query rows per tile and float32 lanes per vector; None
+        where it was not built (no AVX2)."""
 
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
@@ -30,3 +37,31 @@ class CPUAttentionBackend(TorchAttentionBackend):
             raise RuntimeError("decode tokens scheduled without decode block tables")
         return self.kernels.paged_decode(q.contiguous(), kv_layer, meta.decode_block_tables,
                                           meta.decode_seq_lens, scale)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        if not self.prefill_kernel_takes(q, kv_layer) or meta.prefill_tables is None \
+                or meta.prefill_spans is None:
+            super()._prefill(q, k, v, kv_layer, meta, scale, out)
+            return
+        self.kernels.paged_prefill_(out, q.contiguous(), kv_layer, meta.prefill_tables,
+                                    meta.prefill_spans, scale)
+
+    def prefill_kernel_takes(self, q: torch.Tensor, kv_layer: torch.Tensor) -> bool:
+        """Whether the fused prefill kernel computes these shapes: float32, a head_dim that
+        is a multiple of its vector width, and no more query heads per KV head than its
+        tile has rows."""
+        if self._prefill_tile is None:
+            return False
+        rows, lanes = self._prefill_tile
+        heads, dim, kv_heads = q.shape[1], q.shape[2], kv_layer.shape[3]
+        return (q.dtype == torch.float32 and kv_layer.dtype == torch.float32 and dim % lanes == 0
+                and heads % kv_heads == 0 and heads // kv_heads <= rows)

@@ -44,20 +44,35 @@ class TorchAttentionBackend:
         nd = meta.num_decodes
         if nd:
             out[:nd] = self._decode(q[:nd], kv_layer, meta, scale)
+        if meta.prefills:
+            self._prefill(q, k, v, kv_layer, meta, scale, out)
+        return out
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Every prefill chunk's rows of ``out``: one SDPA call per chunk."""
         for p in meta.prefills:
             qs = _rows(q, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
-            if p.mask is None:
+            mask = p.mask()
+            if mask is None:
                 ks = _rows(k, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
                 vs = _rows(v, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
             else:
                 ks = _gather(kv_layer[:, 0], p.block_ids, p.ctx_len).unsqueeze(0)
                 vs = _gather(kv_layer[:, 1], p.block_ids, p.ctx_len).unsqueeze(0)
             o = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=p.mask, is_causal=p.mask is None, scale=scale,
+                qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
                 enable_gqa=qs.shape[1] != ks.shape[1],
             )
             out[p.q_start : p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)
-        return out
 
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float

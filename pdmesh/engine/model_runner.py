@@ -97,6 +97,7 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefills: list[PrefillSeq] = []
+        prefill_tables: list[list[int]] = []
         for item in items:
             seq, start, n = item.seq, item.start, item.num_new_tokens
             table = self.kv.block_ids(seq)
@@ -113,14 +114,9 @@ class ModelRunner:
                     logits_idx.extend(range(q_start, q_start + n - 1))
             else:
                 ctx = start + n
-                mask = None
-                if start:
-                    q_pos = torch.arange(start, ctx, device=dev)[:, None]
-                    mask = torch.arange(ctx, device=dev)[None, :] <= q_pos
                 used = table[: -(-ctx // bs)]
-                prefills.append(
-                    PrefillSeq(q_start, n, ctx, torch.tensor(used, device=dev), mask)
-                )
+                prefills.append(PrefillSeq(q_start, n, ctx, torch.tensor(used, device=dev)))
+                prefill_tables.append(used)
             if item.samples:
                 logits_idx.append(len(ids) - 1)
                 sampling.append(seq)
@@ -138,6 +134,12 @@ class ModelRunner:
                 [t + [0] * (width - len(t)) for t in decode_tables], device=dev
             )
             meta.decode_seq_lens = torch.tensor(decode_lens, device=dev)
+        if prefills:
+            width = max(len(t) for t in prefill_tables)
+            meta.prefill_tables = torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables],
+                                               device=dev)
+            meta.prefill_spans = torch.tensor([(p.q_start, p.q_len, p.ctx_len) for p in prefills],
+                                              device=dev)
         return (
             torch.tensor(ids, device=dev),
             positions,

@@ -11,6 +11,10 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void silu_mul_(at::Tensor& gate, const at::Tensor& up);
 #ifdef PDMESH_AVX2
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w);
+void paged_prefill_(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& tables,
+                    const at::Tensor& spans, double scale);
+int64_t paged_prefill_tile_rows();
+int64_t paged_prefill_lanes();
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -22,5 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef PDMESH_AVX2
   // Only where it is built for: the model keeps MKL's product everywhere else.
   m.def("linear_rows", &linear_rows, nogil, "x @ w.T for a few rows of x (CPU, float32, AVX2)");
+  m.def("paged_prefill_", &paged_prefill_, nogil, "prefill attention over a paged KV pool into out (CPU, float32)");
+  m.def("paged_prefill_tile_rows", &paged_prefill_tile_rows, "query rows per tile: the most query heads per KV head");
+  m.def("paged_prefill_lanes", &paged_prefill_lanes, "float32 lanes per vector: head_dim must be a multiple");
 #endif
 }

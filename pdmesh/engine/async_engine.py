@@ -154,10 +154,12 @@ class AsyncLLMEngine:
                     self._work.wait()
                 self._work.clear()
                 continue
+            prompt_budget = None
             if self.core_share is not None:
-                self.core_share.busy()
+                prompt_budget = self.core_share.prompt_budget(self.core_share.busy(),
+                                                              eng.config.scheduler.max_num_batched_tokens)
             try:
-                outputs = eng.step()
+                outputs = eng.step(prompt_budget)
             except Exception as exc:  # a broken step fails every stream, never hangs them
                 if self.core_share is not None:
                     self.core_share.step_done()

@@ -38,6 +38,9 @@ more than the share is running)."""
 RECLAIM_WAIT_S = 2.0
 """The longest a waking worker waits for a peer's step on its lent cores to end."""
 _POLL_S = 0.0005
+MIN_PROMPT_BUDGET = 256
+"""The smallest prompt budget a step on a share of the cores gets: smaller chunks would
+run the linear products on too few rows to keep the cores' FMA units busy."""
 
 
 def create_share_file(path: Path, workers: int) -> None:
@@ -108,6 +111,16 @@ class CoreShare:
         self._map[self._at + 2] = self.lent_steps % 255 + 1 if threads > self.share else 0
         self._apply(threads)
         return threads
+
+    def prompt_budget(self, threads: int, max_tokens: int) -> int | None:
+        """The prompt tokens a step on ``threads`` of the machine's cores may take: its
+        share of ``max_tokens`` (None: all of them). A step keeps the threads it started
+        with, so a 2,048-token prompt step begun on one of two cores while a peer was busy
+        ran on one core for ~0.6 s after the peer went idle; a step sized to its cores
+        lasts as long as a full one, and the next step takes the lent cores."""
+        if threads >= self.total:
+            return None
+        return max(MIN_PROMPT_BUDGET, max_tokens * threads // self.total)
 
     def step_done(self) -> None:
         """The step ``busy`` sized has ended: peers waiting for their cores may start."""

@@ -193,14 +193,15 @@ class LLMEngine:
         return self.pool.stats()
 
     # -- the step ---------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, prompt_budget: int | None = None) -> list[RequestOutput]:
         """One engine iteration. Holds ``lock`` except while the model runs, so hand-off
         bookkeeping (reserve, commit, release, Info) from other threads never waits for a
-        forward pass; aborts still happen between steps (they free blocks being written)."""
+        forward pass; aborts still happen between steps (they free blocks being written).
+        ``prompt_budget``: at most this many prompt tokens in the step (``Scheduler.schedule``)."""
         with self.lock:
             if self.speculator is not None:
                 self.speculator.propose(self.scheduler.running, self.sampler)
-            sched = self.scheduler.schedule()
+            sched = self.scheduler.schedule(prompt_budget)
             prepared = self.runner.prepare(sched) if sched else None
         started = time.perf_counter()
         result = self.runner.forward(prepared) if prepared is not None else None

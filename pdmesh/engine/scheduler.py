@@ -151,16 +151,23 @@ class Scheduler:
             self.kv.free(seq)
 
     # -- the step ---------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, prompt_budget: int | None = None) -> SchedulerOutput:
+        """The next step's batch. ``prompt_budget`` caps this step's prompt tokens below
+        ``max_num_batched_tokens`` (decode tokens are not capped by it): a worker running a
+        step on part of the machine's cores keeps the step as short as a full one."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         chunk = self.config.long_prefill_token_threshold or budget
+        prompt_left = budget if prompt_budget is None else min(budget, prompt_budget)
         for seq in list(self.running):
             if budget <= 0:
                 break
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget, chunk)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining > 1 and prompt_left <= 0:
+                continue  # a prompt chunk, and this step's prompt tokens are spent
+            num_new = min(remaining, budget, chunk, prompt_left if remaining > 1 else 1)
             spec = self._drafts_that_fit(seq, num_new, budget)
             while not self.kv.allocate_slots(seq, num_new + len(spec)):
                 if spec:
@@ -177,8 +184,10 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, seq.num_computed_tokens, spec))
             seq.num_computed_tokens += num_new
             budget -= num_new
+            if remaining > 1:
+                prompt_left -= num_new
         if not out.preempted:
-            self._admit(out, budget, chunk)
+            self._admit(out, min(budget, prompt_left), chunk)
         out.copies = self.kv.take_copies()
         return out
 

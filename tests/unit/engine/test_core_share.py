@@ -100,3 +100,10 @@ def test_a_borrower_that_never_ends_its_step_is_waited_for_once(tmp_path) -> Non
     decode.step_done()
     waker.join(5)
     assert not waker.is_alive()
+
+
+def test_a_step_on_part_of_the_cores_gets_its_share_of_the_prompt_budget(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    prefill, decode, _ = _pair(tmp_path)
+    assert prefill.prompt_budget(prefill.busy(), 2048) is None  # the peer is idle: every core
+    assert decode.prompt_budget(decode.busy(), 2048) == 1024  # its own 2 of 4 cores
+    assert decode.prompt_budget(1, 512) == 256  # a floor: too few rows waste the FMA units

@@ -121,3 +121,19 @@ def test_waiting_sequence_defers_while_its_prefix_is_being_computed() -> None:
     s.kv.cache_blocks(a)  # the engine registers computed blocks after each step
     out = s.schedule()
     assert plan(out) == [("a", 4), ("b", 2)] and b.num_cached_tokens == 8
+
+
+def test_a_prompt_budget_caps_prompt_tokens_but_not_decode_tokens() -> None:
+    s = make(budget=32)
+    a, b, c = seq("a", 4), seq("b", 20, t=1, start=100), seq("c", 20, t=2, start=200)
+    s.add(a)
+    sample_all(s.schedule())  # a decodes from now on
+    s.add(b)
+    s.add(c)
+    out = s.schedule(prompt_budget=12)
+    assert plan(out) == [("a", 1), ("b", 12)]  # 13 of 32: the prompt tokens stop at 12
+    sample_all(out)
+    out = s.schedule(prompt_budget=12)
+    assert plan(out) == [("a", 1), ("b", 8), ("c", 4)]  # a running chunk and an admission share it
+    sample_all(out)
+    assert plan(s.schedule()) == [("a", 1), ("b", 1), ("c", 16)]  # no cap: the whole budget

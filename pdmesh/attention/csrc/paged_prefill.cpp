@@ -255,7 +255,8 @@ void paged_prefill_(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_l
   const int64_t tokens = M / sh.group;
   std::vector<Item> items;
   for (int64_t p = 0; p < spans.size(0); ++p) {
-    TORCH_CHECK(sp[3 * p] >= 0 && sp[3 * p] + sp[3 * p + 1] <= q.size(0) && sp[3 * p + 1] <= sp[3 * p + 2] &&
+    TORCH_CHECK(sp[3 * p] >= 0 && sp[3 * p + 1] >= 1 && sp[3 * p] + sp[3 * p + 1] <= q.size(0) &&
+                sp[3 * p + 1] <= sp[3 * p + 2] &&
                 sp[3 * p + 2] <= sh.width * sh.block_size, "span ", p, " lies outside q or its table");
     // The tiles with the most keys first, so that the last items taken are the cheap ones.
     for (int64_t t0 = (sp[3 * p + 1] - 1) / tokens * tokens; t0 >= 0; t0 -= tokens)

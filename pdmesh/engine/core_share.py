@@ -39,8 +39,9 @@ RECLAIM_WAIT_S = 2.0
 """The longest a waking worker waits for a peer's step on its lent cores to end."""
 _POLL_S = 0.0005
 MIN_PROMPT_BUDGET = 256
-"""The smallest prompt budget a step on a share of the cores gets: smaller chunks would
-run the linear products on too few rows to keep the cores' FMA units busy."""
+"""The smallest prompt budget a step on a share of the cores gets, so that a machine split
+many ways still prefills in chunks of a few hundred rows per product (not tuned: on 2 cores
+split two or three ways the budget is 1,024)."""
 
 
 def create_share_file(path: Path, workers: int) -> None:
@@ -116,8 +117,10 @@ class CoreShare:
         """The prompt tokens a step on ``threads`` of the machine's cores may take: its
         share of ``max_tokens`` (None: all of them). A step keeps the threads it started
         with, so a 2,048-token prompt step begun on one of two cores while a peer was busy
-        ran on one core for ~0.6 s after the peer went idle; a step sized to its cores
-        lasts as long as a full one, and the next step takes the lent cores."""
+        (~0.75 s on one core of our machines, from the 47 ms a 256-token prompt takes on
+        two) ran on one core long after the peer went idle; a step sized to its cores
+        lasts about as long as a full one, and the next step takes the lent cores
+        (docs/performance.md §18)."""
         if threads >= self.total:
             return None
         return max(MIN_PROMPT_BUDGET, max_tokens * threads // self.total)

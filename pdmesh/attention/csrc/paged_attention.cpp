@@ -6,7 +6,8 @@
 // contiguous head_dim. The query heads of one GQA group share every K/V row they load.
 // Scores, softmax and the weighted sum of V are computed in float32 whatever the storage
 // dtype. In float32 on AVX2 the scores take four tokens at a time (four FMA chains, each
-// query load shared) and the softmax's exp is vectorised (vec_math.h); elsewhere the dot
+// query load shared), both products run sixteen lanes wide where the CPU has AVX-512, and
+// the softmax's exp is vectorised (vec_math.h); elsewhere the dot
 // products use eight independent partial sums, which the compiler vectorises without
 // reassociating anything. The kernel is bound by memory: K rows are prefetched eight
 // tokens ahead and V rows four (docs/performance.md, section 10), and sequences whose
@@ -154,6 +155,25 @@ inline void weighted_sum_regs(const float* w, const float* const* v, int64_t off
 #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
 }
+#ifdef __AVX512F__
+// weighted_sum_regs over sixteen lanes: N zmm accumulators (64 lanes in four).
+template <int N>
+inline void weighted_sum_regs16(const float* w, const float* const* v, int64_t offset, int64_t t0,
+                                int64_t t1, float* acc, bool prefetch) {
+  __m512 a[N];
+#pragma GCC unroll 4
+  for (int j = 0; j < N; ++j) a[j] = _mm512_loadu_ps(acc + 16 * j);
+  for (int64_t t = t0; t < t1; ++t) {
+    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, 16 * N);
+    const float* row = v[t] + offset;
+    const __m512 wt = _mm512_set1_ps(w[t]);
+#pragma GCC unroll 4
+    for (int j = 0; j < N; ++j) a[j] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(row + 16 * j), a[j]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < N; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
+}
+#endif
 #endif
 
 // acc += w[t] * V row t over tokens [t0, t1), in token order; ``offset`` from a token's row
@@ -163,6 +183,19 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
                   int64_t t1, float* acc, int64_t dim, bool prefetch) {
 #ifdef PDMESH_AVX2
   if constexpr (std::is_same_v<T, float>) {
+#ifdef __AVX512F__
+    if (dim % 16 == 0) {  // 64 lanes in 4 of AVX-512's 32 registers
+      for (int64_t c = 0; c < dim; c += 64) {
+        switch (std::min<int64_t>(64, dim - c) / 16) {
+          case 4: weighted_sum_regs16<4>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
+          case 3: weighted_sum_regs16<3>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
+          case 2: weighted_sum_regs16<2>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
+          default: weighted_sum_regs16<1>(w, rows, offset + c, t0, t1, acc + c, prefetch);
+        }
+      }
+      return;
+    }
+#endif
     if (dim % 8 == 0) {  // 64 lanes at a time: 8 accumulators + a row + a weight fit AVX2's 16
       for (int64_t c = 0; c < dim; c += 64) {
         const int64_t n = std::min<int64_t>(64, dim - c) / 8;

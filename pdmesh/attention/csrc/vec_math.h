@@ -48,9 +48,27 @@ inline float hmax8(__m256 v) {
 }
 
 // out[j] = q . k[j] for four rows k[0..3] of length d (a multiple of 8): four independent
-// FMA chains, and each load of q serves all four rows.
+// FMA chains, and each load of q serves all four rows; sixteen lanes at a time where the
+// CPU has AVX-512 and d allows (docs/performance.md, section 18).
 inline void dot4(const float* q, const float* const k[4], int64_t d, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#ifdef __AVX512F__
+  if (d % 16 == 0) {  // sixteen lanes, then each accumulator's halves added into eight
+    __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+    for (int64_t i = 0; i < d; i += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + i);
+      b0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[0] + i), b0);
+      b1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[1] + i), b1);
+      b2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[2] + i), b2);
+      b3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[3] + i), b3);
+    }
+    a0 = _mm256_add_ps(_mm512_castps512_ps256(b0), _mm512_extractf32x8_ps(b0, 1));
+    a1 = _mm256_add_ps(_mm512_castps512_ps256(b1), _mm512_extractf32x8_ps(b1, 1));
+    a2 = _mm256_add_ps(_mm512_castps512_ps256(b2), _mm512_extractf32x8_ps(b2, 1));
+    a3 = _mm256_add_ps(_mm512_castps512_ps256(b3), _mm512_extractf32x8_ps(b3, 1));
+    d = 0;
+  }
+#endif
   for (int64_t i = 0; i < d; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
     a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);

@@ -137,43 +137,24 @@ void scores_of(const std::vector<Member>& members, const T* const* rows, int64_t
 }
 
 #ifdef PDMESH_AVX2
-// acc[0, 8N) += sum over t of w[t] * v_t[0, 8N), the 8N accumulators held in registers
+// acc[0, N W) += sum over t of w[t] * v_t[0, N W), the N accumulators held in registers
 // over every token (each FMA then costs one load, not a load, a load and a store).
-template <int N>
+template <class V, int N>
 inline void weighted_sum_regs(const float* w, const float* const* v, int64_t offset, int64_t t0,
                               int64_t t1, float* acc, bool prefetch) {
-  __m256 a[N];
+  typename V::R a[N];
 #pragma GCC unroll 8
-  for (int j = 0; j < N; ++j) a[j] = _mm256_loadu_ps(acc + 8 * j);
+  for (int j = 0; j < N; ++j) a[j] = V::load(acc + V::W * j);
   for (int64_t t = t0; t < t1; ++t) {
-    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, 8 * N);
+    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, V::W * N);
     const float* row = v[t] + offset;
-    const __m256 wt = _mm256_set1_ps(w[t]);
+    const typename V::R wt = V::set1(w[t]);
 #pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) a[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(row + 8 * j), a[j]);
+    for (int j = 0; j < N; ++j) a[j] = V::fma(wt, V::load(row + V::W * j), a[j]);
   }
 #pragma GCC unroll 8
-  for (int j = 0; j < N; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+  for (int j = 0; j < N; ++j) V::store(acc + V::W * j, a[j]);
 }
-#ifdef __AVX512F__
-// weighted_sum_regs over sixteen lanes: N zmm accumulators (64 lanes in four).
-template <int N>
-inline void weighted_sum_regs16(const float* w, const float* const* v, int64_t offset, int64_t t0,
-                                int64_t t1, float* acc, bool prefetch) {
-  __m512 a[N];
-#pragma GCC unroll 4
-  for (int j = 0; j < N; ++j) a[j] = _mm512_loadu_ps(acc + 16 * j);
-  for (int64_t t = t0; t < t1; ++t) {
-    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, 16 * N);
-    const float* row = v[t] + offset;
-    const __m512 wt = _mm512_set1_ps(w[t]);
-#pragma GCC unroll 4
-    for (int j = 0; j < N; ++j) a[j] = _mm512_fmadd_ps(wt, _mm512_loadu_ps(row + 16 * j), a[j]);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < N; ++j) _mm512_storeu_ps(acc + 16 * j, a[j]);
-}
-#endif
 #endif
 
 // acc += w[t] * V row t over tokens [t0, t1), in token order; ``offset`` from a token's row
@@ -187,10 +168,10 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
     if (dim % 16 == 0) {  // 64 lanes in 4 of AVX-512's 32 registers
       for (int64_t c = 0; c < dim; c += 64) {
         switch (std::min<int64_t>(64, dim - c) / 16) {
-          case 4: weighted_sum_regs16<4>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
-          case 3: weighted_sum_regs16<3>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
-          case 2: weighted_sum_regs16<2>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
-          default: weighted_sum_regs16<1>(w, rows, offset + c, t0, t1, acc + c, prefetch);
+          case 4: weighted_sum_regs<pdmesh::V16, 4>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
+          case 3: weighted_sum_regs<pdmesh::V16, 3>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
+          case 2: weighted_sum_regs<pdmesh::V16, 2>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
+          default: weighted_sum_regs<pdmesh::V16, 1>(w, rows, offset + c, t0, t1, acc + c, prefetch);
         }
       }
       return;
@@ -201,8 +182,8 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
         const int64_t n = std::min<int64_t>(64, dim - c) / 8;
         const float* const* v = rows;
         switch (n) {
-          case 8: weighted_sum_regs<8>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
-          case 4: weighted_sum_regs<4>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
+          case 8: weighted_sum_regs<pdmesh::V8, 8>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
+          case 4: weighted_sum_regs<pdmesh::V8, 4>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
           default:
             for (int64_t t = t0; t < t1; ++t) axpy(w[t], v[t] + offset + c, acc + c, 8 * n);
         }

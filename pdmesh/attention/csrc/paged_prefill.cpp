@@ -35,41 +35,12 @@
 #ifdef PDMESH_AVX2
 namespace {
 
-#ifdef __AVX512F__
-struct Vec {
-  using R = __m512;
-  static constexpr int W = 16;
-  static constexpr int KR = 6;  // 6 x 4 accumulators + 4 rows of Q in 32 registers
-  static constexpr int PR = 6;
-  static R zero() { return _mm512_setzero_ps(); }
-  static R load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
-  static R set1(float x) { return _mm512_set1_ps(x); }
-  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
-  static R add(R a, R b) { return _mm512_add_ps(a, b); }
-  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
-  static R max(R a, R b) { return _mm512_max_ps(a, b); }
-  static R exp(R x) { return pdmesh::exp16(x); }
+// Keys (scores) and rows (weighted sums) per register block: KR x 4 accumulators plus 4
+// vectors of Q (or of a V row) and a broadcast fit the register file.
+struct Vec : pdmesh::Widest {
+  static constexpr int KR = REGS == 32 ? 6 : 3;
+  static constexpr int PR = KR;
 };
-#else
-struct Vec {
-  using R = __m256;
-  static constexpr int W = 8;
-  static constexpr int KR = 3;  // 3 x 4 accumulators + 4 rows of Q in 16 registers
-  static constexpr int PR = 3;
-  static R zero() { return _mm256_setzero_ps(); }
-  static R load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, R v) { _mm256_storeu_ps(p, v); }
-  static R set1(float x) { return _mm256_set1_ps(x); }
-  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
-  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
-  static R add(R a, R b) { return _mm256_add_ps(a, b); }
-  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
-  static R max(R a, R b) { return _mm256_max_ps(a, b); }
-  static R exp(R x) { return pdmesh::exp8(x); }
-};
-#endif
 
 constexpr int M = 4 * Vec::W;  // query rows per tile
 

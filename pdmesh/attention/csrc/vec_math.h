@@ -1,5 +1,5 @@
-// AVX2 + FMA helpers the float32 kernels share: exp over eight lanes, and four dot
-// products at once. Compiled only where the build's -march=native has both; the kernels
+// AVX2 + FMA helpers the float32 kernels share: exp, four dot products at once, and the
+// vector types the kernels template over (sixteen lanes where there is AVX-512 too). Compiled only where the build's -march=native has both; the kernels
 // keep a portable path for everything else (other dtypes, head sizes, CPUs).
 #pragma once
 
@@ -11,23 +11,27 @@
 
 namespace pdmesh {
 
-// e^x for eight floats: Cody-Waite range reduction by ln 2 and a degree-6 polynomial
-// (the Cephes expf coefficients), within 2 ulp of expf. Inputs are clamped to
-// [ln FLT_MIN, ln FLT_MAX], so anything below gives FLT_MIN (~1e-38) rather than a
-// denormal or zero: softmax weights that small vanish beside the maximum's 1.
+// e^x: Cody-Waite range reduction by ln 2 and a degree-6 polynomial (the Cephes expf
+// coefficients), within 2 ulp of expf. Inputs are clamped to [ln FLT_MIN, ln FLT_MAX], so
+// anything below gives FLT_MIN (~1e-38) rather than a denormal or zero: softmax weights
+// that small vanish beside the maximum's 1. exp8 and exp16 are the same steps on eight and
+// sixteen lanes, so a lane has the same bits in both.
+namespace expf_consts {
+constexpr float kHi = 88.3762626647949f, kLo = -87.3365447505531f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace expf_consts
+
 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447505531f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  using namespace expf_consts;
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(kHi)), _mm256_set1_ps(kLo));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), x);
+  __m256 y = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kP[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
@@ -82,25 +86,58 @@ inline void dot4(const float* q, const float* const k[4], int64_t d, float* out)
 }
 
 #ifdef __AVX512F__
-// exp8 over sixteen lanes: the same reduction, polynomial and clamps, so a lane's result
-// has the same bits as exp8's for the same input.
 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3365447505531f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  using namespace expf_consts;
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(kHi)), _mm512_set1_ps(kLo));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), x);
+  __m512 y = _mm512_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kP[i]));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
+#endif
+
+// One float32 vector register and the operations the kernels template over: V8 is AVX2's
+// eight lanes, V16 AVX-512's sixteen, and ``Widest`` the widest this build has.
+struct V8 {
+  using R = __m256;
+  static constexpr int W = 8;
+  static constexpr int REGS = 16;
+  static R zero() { return _mm256_setzero_ps(); }
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, R v) { _mm256_storeu_ps(p, v); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R max(R a, R b) { return _mm256_max_ps(a, b); }
+  static R exp(R x) { return exp8(x); }
+};
+
+#ifdef __AVX512F__
+struct V16 {
+  using R = __m512;
+  static constexpr int W = 16;
+  static constexpr int REGS = 32;
+  static R zero() { return _mm512_setzero_ps(); }
+  static R load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, R v) { _mm512_storeu_ps(p, v); }
+  static R set1(float x) { return _mm512_set1_ps(x); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  static R exp(R x) { return exp16(x); }
+};
+using Widest = V16;
+#else
+using Widest = V8;
 #endif
 
 }  // namespace pdmesh

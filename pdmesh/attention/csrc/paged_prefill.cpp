@@ -35,8 +35,10 @@
 #ifdef PDMESH_AVX2
 namespace {
 
-// Keys (scores) and rows (weighted sums) per register block: KR x 4 accumulators plus 4
-// vectors of Q (or of a V row) and a broadcast fit the register file.
+// Keys (scores) and rows (weighted sums) per register block: KR x 4 accumulators, 4
+// vectors of Q (or of a V row) and a broadcast are 29 of AVX-512's 32 registers; with
+// AVX2's 16 they are one over and the compiler reads an operand from memory (the AVX2
+// build's speed was not measured: the machine of docs/performance.md §18 has AVX-512).
 struct Vec : pdmesh::Widest {
   static constexpr int KR = REGS == 32 ? 6 : 3;
   static constexpr int PR = KR;

@@ -40,7 +40,9 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        out = torch.empty_like(q)
+        # Contiguous whatever q's layout (a transposed linear product hands over strided
+        # rows): the fused kernels write rows of it in place.
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         if nd:
             out[:nd] = self._decode(q[:nd], kv_layer, meta, scale)

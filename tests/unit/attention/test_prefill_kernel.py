@@ -88,3 +88,20 @@ def test_other_dtypes_prefill_through_sdpa() -> None:
     assert not backend.prefill_kernel_takes(q, pool)
     ref = TorchAttentionBackend().attend(q, k, v, pool, meta, 0.25)
     assert torch.equal(backend.attend(q, k, v, pool, meta, 0.25), ref)
+
+
+@needs_kernel
+def test_queries_from_a_transposed_product_are_taken() -> None:
+    """Up to 256 rows the model's linear product returns a transposed view, so q (and
+    anything shaped like it) can arrive with strided rows; the kernel writes rows of a
+    contiguous output either way (a draft model's short prefill chunks hit this in CI)."""
+    g = torch.Generator().manual_seed(6)
+    pool = torch.randn(200, 2, BS, 2, 16, generator=g)
+    meta, k, v = _step([(9, 41), (12, 12)], pool, seed=7)
+    tokens = k.shape[0]
+    w, x = torch.randn(4 * 16, 32, generator=g), torch.randn(tokens, 32, generator=g)
+    q = torch.mm(w, x.t()).t().view(tokens, 4, 16)
+    assert not q.is_contiguous()
+    ref = TorchAttentionBackend().attend(q, k, v, pool, meta, 0.25)
+    torch.testing.assert_close(CPUAttentionBackend().attend(q, k, v, pool, meta, 0.25), ref,
+                               atol=2e-6, rtol=2e-6)

@@ -48,10 +48,11 @@ class CPUAttentionBackend(TorchAttentionBackend):
         scale: float,
         out: torch.Tensor,
     ) -> None:
-        if not self.prefill_kernel_takes(q, kv_layer) or meta.prefill_tables is None \
-                or meta.prefill_spans is None:
+        if not self.prefill_kernel_takes(q, kv_layer):
             super()._prefill(q, k, v, kv_layer, meta, scale, out)
             return
+        if meta.prefill_tables is None or meta.prefill_spans is None:
+            raise RuntimeError("prefill chunks scheduled without prefill tables")
         self.kernels.paged_prefill_(out, q.contiguous(), kv_layer, meta.prefill_tables,
                                     meta.prefill_spans, scale)
 

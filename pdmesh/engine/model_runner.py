@@ -96,7 +96,7 @@ class ModelRunner:
         drafts: list[list[int]] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
-        prefills: list[PrefillSeq] = []
+        prefill_spans: list[tuple[int, int, int]] = []
         prefill_tables: list[list[int]] = []
         for item in items:
             seq, start, n = item.seq, item.start, item.num_new_tokens
@@ -114,9 +114,8 @@ class ModelRunner:
                     logits_idx.extend(range(q_start, q_start + n - 1))
             else:
                 ctx = start + n
-                used = table[: -(-ctx // bs)]
-                prefills.append(PrefillSeq(q_start, n, ctx, torch.tensor(used, device=dev)))
-                prefill_tables.append(used)
+                prefill_spans.append((q_start, n, ctx))
+                prefill_tables.append(table[: -(-ctx // bs)])
             if item.samples:
                 logits_idx.append(len(ids) - 1)
                 sampling.append(seq)
@@ -126,20 +125,15 @@ class ModelRunner:
             num_decodes=len(decode_tables),
             slot_blocks=torch.tensor(slot_blocks, device=dev),
             slot_offsets=positions % bs,
-            prefills=tuple(prefills),
         )
         if decode_tables:
-            width = max(len(t) for t in decode_tables)
-            meta.decode_block_tables = torch.tensor(
-                [t + [0] * (width - len(t)) for t in decode_tables], device=dev
-            )
+            meta.decode_block_tables = _padded(decode_tables, dev)
             meta.decode_seq_lens = torch.tensor(decode_lens, device=dev)
-        if prefills:
-            width = max(len(t) for t in prefill_tables)
-            meta.prefill_tables = torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables],
-                                               device=dev)
-            meta.prefill_spans = torch.tensor([(p.q_start, p.q_len, p.ctx_len) for p in prefills],
-                                              device=dev)
+        if prefill_spans:
+            tables = meta.prefill_tables = _padded(prefill_tables, dev)
+            meta.prefill_spans = torch.tensor(prefill_spans, device=dev)
+            meta.prefills = tuple(PrefillSeq(q_start, n, ctx, tables[i, : len(used)])  # rows: no tensor each
+                                  for i, ((q_start, n, ctx), used) in enumerate(zip(prefill_spans, prefill_tables)))
         return (
             torch.tensor(ids, device=dev),
             positions,
@@ -148,3 +142,9 @@ class ModelRunner:
             sampling,
             drafts,
         )
+
+
+def _padded(tables: list[list[int]], dev: torch.device | str) -> torch.Tensor:
+    """Block tables as one int64 tensor, each row padded with block 0 to the longest."""
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], device=dev)

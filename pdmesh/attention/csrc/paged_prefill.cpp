@@ -165,10 +165,13 @@ void tile(const Shape& sh, const float* qp, const float* kvp, const int64_t* tab
   for (; t + Vec::KR <= kend; t += Vec::KR) scores<Vec::KR>(s.qt.data(), s.k.data() + t, dim, scale, st + t * M);
   if (t < kend) scores_tail<Vec::KR - 1>(kend - t, s.qt.data(), s.k.data() + t, dim, scale, st + t * M);
   // Causal: row r sees keys up to prefix + t0 + r / group; only the tile's own keys mask.
+  auto mask = [&](float value) {
+    for (int64_t key = prefix + t0 + 1; key < kend; ++key)
+      for (int64_t r = 0; r < rows; ++r)
+        if (key > prefix + t0 + r / sh.group) st[key * M + r] = value;
+  };
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t key = prefix + t0 + 1; key < kend; ++key)
-    for (int64_t r = 0; r < rows; ++r)
-      if (key > prefix + t0 + r / sh.group) st[key * M + r] = ninf;
+  mask(ninf);
   Vec::R mx[4], sum[4];
   for (int j = 0; j < 4; ++j) mx[j] = Vec::set1(ninf), sum[j] = Vec::zero();
   for (int64_t key = 0; key < kend; ++key)
@@ -181,10 +184,7 @@ void tile(const Shape& sh, const float* qp, const float* kvp, const int64_t* tab
       sum[j] = Vec::add(sum[j], e);
     }
   }
-  // exp clamps its input, so a masked score came out as FLT_MIN: make it the zero it is.
-  for (int64_t key = prefix + t0 + 1; key < kend; ++key)
-    for (int64_t r = 0; r < rows; ++r)
-      if (key > prefix + t0 + r / sh.group) st[key * M + r] = 0.f;
+  mask(0.f);  // exp clamps its input, so a masked score came out as FLT_MIN: make it the zero it is
   s.inv.resize(M);
   for (int j = 0; j < 4; ++j) Vec::store(s.inv.data() + j * Vec::W, sum[j]);
   for (int64_t r = 0; r < M; ++r) s.inv[r] = 1.f / s.inv[r];

@@ -18,7 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from pdmesh.bench.raw_nixl import transfer_target
+from pdmesh.bench.raw_nixl import target_ready, transfer_target
 
 BLOCK_BYTES, BLOCKS, WRITES = 256 * 1024, 16, 30
 WAYS = ("plain", "carried", "after")
@@ -35,7 +35,7 @@ def run(run_id: int, interval: float) -> dict[str, list[float]]:
     dst = f"notif-dst-{run_id}"  # fresh agent names: a closed agent's peers remember it
     proc = ctx.Process(target=transfer_target, args=(there, BLOCK_BYTES, BLOCKS, dst, interval))
     proc.start()
-    meta, base = here.recv()
+    meta, base = target_ready(here, proc)
     pool = torch.randn(BLOCKS, BLOCK_BYTES // 4)  # registered: must outlive the agent
     src = NixlTransport(f"notif-src-{run_id}", KVRegion.of_tensor(pool))
     src.add_peer(PeerLayout(dst, meta, base, BLOCK_BYTES, BLOCKS))

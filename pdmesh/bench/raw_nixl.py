@@ -1,6 +1,12 @@
 """Raw NIXL write throughput between two processes: the ceiling the mesh's KV writes are
 measured against (same block size, same blocks per write; one write at a time, polled
-until DONE in a tight loop, the target progressing as a decode worker does)."""
+until DONE in a tight loop, the target progressing as a decode worker does).
+
+Two ceilings: the same blocks rewritten every time (both ends stay in the CPU's caches:
+the best any write can do), and every write from and to blocks not touched since the
+pools were made, as a mesh writes a new request's blocks into a fresh reservation. On a
+Zen 5 EPYC a 16-block (4 MiB) write took 0.32-0.36 ms the first way and 0.59-0.74 ms the
+second (docs/performance.md section 19)."""
 
 from __future__ import annotations
 
@@ -28,7 +34,28 @@ def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst", 
     t.close()
 
 
-def raw_nixl_gib_s(block_bytes: int, blocks: int) -> float:
+FRESH_WRITES = 32
+"""Writes of a fresh-blocks run: the mesh bench's burst writes 32 requests' prompts."""
+_TARGET_START_S = 120.0
+"""The target imports torch and NIXL and registers its pool: seconds, never minutes."""
+
+
+def target_ready(conn, proc, timeout: float = _TARGET_START_S):  # type: ignore[no-untyped-def]
+    """The target's ``(metadata, base address)``; an error, not a hang, if it died first
+    (a script without a ``__main__`` guard re-runs itself in a spawned child) or is stuck."""
+    deadline = time.monotonic() + timeout
+    while not conn.poll(0.1):
+        if not proc.is_alive():
+            raise RuntimeError(f"the raw NIXL target process exited ({proc.exitcode}) before it was ready")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"the raw NIXL target was not ready within {timeout:.0f}s")
+    return conn.recv()
+
+
+def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
+    """GiB/s of ``blocks``-block writes; ``fresh``: each write from and to blocks no earlier
+    write touched (pools of ``FRESH_WRITES`` writes' blocks), else the same blocks each time."""
     import torch
 
     from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
@@ -36,16 +63,18 @@ def raw_nixl_gib_s(block_bytes: int, blocks: int) -> float:
 
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=transfer_target, args=(there, block_bytes, blocks))
+    rounds = FRESH_WRITES if fresh else 20
+    pool_blocks = blocks * (rounds + 1) if fresh else blocks
+    proc = ctx.Process(target=transfer_target, args=(there, block_bytes, pool_blocks))
     proc.start()
-    meta, base = here.recv()
-    pool = torch.randn(blocks, block_bytes // 4)
+    meta, base = target_ready(here, proc)
+    pool = torch.randn(pool_blocks, block_bytes // 4)
     src = NixlTransport("raw-src", KVRegion.of_tensor(pool))
-    src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, blocks))
-    ids = list(range(blocks))
+    src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, pool_blocks))
     seconds = 0.0
-    rounds = 20
     for i in range(rounds + 1):  # the first connects the agents: not counted
+        first = i * blocks if fresh else 0
+        ids = list(range(first, first + blocks))
         t0 = time.perf_counter()
         h = src.write("raw-dst", ids, ids)
         while src.poll(h) is TransferState.PENDING:

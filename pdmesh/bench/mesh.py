@@ -130,16 +130,26 @@ def _prefill_infos(mesh: Mesh) -> list[WorkerInfo]:
     return asyncio.run(fetch())
 
 
-def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
+SECTIONS = ("engine", "kv", "routing", "index")
+"""``--sections``: the mesh vs in-process, KV writes vs raw NIXL, routing policies, index."""
+
+
+def _burst(args: argparse.Namespace, rng: random.Random) -> tuple[list[list[int]], int]:
+    """The prompts sent all at once, and the tokens each asks for (sections engine and kv)."""
     n, plen, out = (8, 64, 8) if args.quick else (32, 256, 32)
-    prompts = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)]
+    return [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(n)], out
+
+
+def bench_vs_engine(args: argparse.Namespace, rows: list[Row], prompts: list[list[int]], out: int) -> None:
+    n, plen = len(prompts), len(prompts[0])
     local = _in_process(args.model, args.dtype, prompts, out)
     spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args.dtype, 2048))
     spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
         remote = _mesh_workload(mesh.router_address, prompts, out, n)
-        fresh = [[rng.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
+        lone = random.Random(1)  # prompts no earlier request cached
+        fresh = [[lone.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
         alone_mesh = _mesh_workload(mesh.router_address, fresh, 1, 1)
     # The mesh's own overhead: one request at a time against one engine on the same cores
     # (the workers split them, but an idle decode worker lends its share to the prefill).
@@ -151,7 +161,6 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], rng: random.Rando
     rows.append(Row("mesh vs in-process", "TTFT p90 added (ms)", 1000 * (remote["ttft_p90"] - local["ttft_p90"])))
     rows.append(Row("mesh vs in-process", f"TTFT p50 added, one request at a time, {share} thread(s) (ms)",
                     1000 * (alone_mesh["ttft_p50"] - alone_local["ttft_p50"])))
-    bench_kv_transfer(args, rows, prompts, out)
 
 
 def bench_kv_transfer(args: argparse.Namespace, rows: list[Row], prompts: list[list[int]], out: int) -> None:
@@ -277,9 +286,19 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
 def run_mesh_bench(args: argparse.Namespace) -> list[Row]:
     rng = random.Random(0)
     rows: list[Row] = []
-    bench_vs_engine(args, rows, rng)
-    bench_policies(args, rows, rng)
-    bench_index(args, rows, rng)
+    sections = set(getattr(args, "sections", None) or SECTIONS)
+    if sections - set(SECTIONS):
+        raise SystemExit(f"pdmesh bench mesh: no section {', '.join(sorted(sections - set(SECTIONS)))}; "
+                         f"the sections are {', '.join(SECTIONS)}")
+    prompts, out = _burst(args, rng)
+    if "engine" in sections:
+        bench_vs_engine(args, rows, prompts, out)
+    if "kv" in sections:
+        bench_kv_transfer(args, rows, prompts, out)
+    if "routing" in sections:
+        bench_policies(args, rows, rng)
+    if "index" in sections:
+        bench_index(args, rows, rng)
     print(f"\npdmesh bench mesh — model {args.model}, dtype {args.dtype}")
     print(f"{'section':<36} {'metric':<62} {'value':>10} {'baseline':>10} {'ratio':>7}")
     for r in rows:

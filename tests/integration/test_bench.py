@@ -1,7 +1,10 @@
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 
 def test_bench_engine_quick_writes_table_and_json(llama_dir: Path, tmp_path: Path) -> None:
@@ -28,3 +31,10 @@ def test_bench_tracing_reports_off_and_on(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert 0 < data["off_us_per_request"] < data["on_us_per_request"]
+
+
+def test_bench_mesh_refuses_a_section_it_does_not_have() -> None:
+    from pdmesh.bench.mesh import run_mesh_bench
+
+    with pytest.raises(SystemExit, match="no section kvx; the sections are engine, kv, routing, index"):
+        run_mesh_bench(argparse.Namespace(model="unused", dtype="float32", quick=True, sections=["kv", "kvx"]))

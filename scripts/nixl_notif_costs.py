@@ -18,7 +18,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from pdmesh.bench.raw_nixl import target_ready, transfer_target
+from pdmesh.bench.raw_nixl import target_ready, transfer_target, wait_written
 
 BLOCK_BYTES, BLOCKS, WRITES = 256 * 1024, 16, 30
 WAYS = ("plain", "carried", "after")
@@ -27,7 +27,7 @@ WAYS = ("plain", "carried", "after")
 def run(run_id: int, interval: float) -> dict[str, list[float]]:
     import torch
 
-    from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
+    from pdmesh.kv.transfer.base import KVRegion, PeerLayout
     from pdmesh.kv.transfer.nixl import NixlTransport
 
     ctx = mp.get_context("spawn")
@@ -51,8 +51,7 @@ def run(run_id: int, interval: float) -> dict[str, list[float]]:
                 agent.transfer(h)
             else:
                 h = src.write(dst, ids, ids)
-            while src.poll(h) is TransferState.PENDING:
-                time.sleep(0.0001)
+            wait_written(src, h, spin_s=0.0001)
             times[way].append(time.perf_counter() - t0)
             src.release(h)
             if way == "after":

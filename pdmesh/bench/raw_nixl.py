@@ -53,12 +53,31 @@ def target_ready(conn, proc, timeout: float = _TARGET_START_S):  # type: ignore[
     return conn.recv()
 
 
+WRITE_DEADLINE_S = 30.0
+"""A raw write of a few MiB takes milliseconds; one still running after this is stuck."""
+
+
+def wait_written(transport, handle, spin_s: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll a raw write until DONE (sleeping ``spin_s`` between polls, 0: a tight loop); an
+    error if it fails or is still running after ``WRITE_DEADLINE_S``."""
+    from pdmesh.kv.transfer.base import TransferState
+
+    deadline = time.monotonic() + WRITE_DEADLINE_S
+    while (state := transport.poll(handle)) is TransferState.PENDING:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"a raw NIXL write was still running after {WRITE_DEADLINE_S:.0f}s")
+        if spin_s:
+            time.sleep(spin_s)
+    if state is TransferState.FAILED:
+        raise RuntimeError("a raw NIXL write failed (the target process gone?)")
+
+
 def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
     """GiB/s of ``blocks``-block writes; ``fresh``: each write from and to blocks no earlier
     write touched (pools of ``FRESH_WRITES`` writes' blocks), else the same blocks each time."""
     import torch
 
-    from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
+    from pdmesh.kv.transfer.base import KVRegion, PeerLayout
     from pdmesh.kv.transfer.nixl import NixlTransport
 
     ctx = mp.get_context("spawn")
@@ -77,8 +96,7 @@ def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
         ids = list(range(first, first + blocks))
         t0 = time.perf_counter()
         h = src.write("raw-dst", ids, ids)
-        while src.poll(h) is TransferState.PENDING:
-            pass
+        wait_written(src, h)
         if i:
             seconds += time.perf_counter() - t0
         src.release(h)

@@ -1,6 +1,7 @@
 // AVX2 + FMA helpers the float32 kernels share: exp, four dot products at once, and the
-// vector types the kernels template over (sixteen lanes where there is AVX-512 too). Compiled only where the build's -march=native has both; the kernels
-// keep a portable path for everything else (other dtypes, head sizes, CPUs).
+// vector types the kernels template over (sixteen lanes where there is AVX-512 too).
+// Compiled only where the build's -march=native has both; the kernels keep a portable
+// path for everything else (other dtypes, head sizes, CPUs).
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)

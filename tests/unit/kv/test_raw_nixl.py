@@ -25,3 +25,26 @@ def test_a_target_that_dies_before_it_is_ready_is_an_error_not_a_hang() -> None:
 @pytest.mark.parametrize("fresh", [False, True])
 def test_raw_writes_measure_a_rate_for_the_same_and_for_fresh_blocks(fresh: bool) -> None:
     assert raw_nixl_gib_s(64 * 1024, 4, fresh=fresh) > 0
+
+
+class _Stuck:
+    """A transport whose write never ends, or fails: faults a live NIXL pair cannot be made
+    to show on demand."""
+
+    def __init__(self, state) -> None:  # type: ignore[no-untyped-def]
+        self.state = state
+
+    def poll(self, handle: object):  # type: ignore[no-untyped-def]
+        return self.state
+
+
+def test_a_raw_write_that_never_ends_or_fails_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdmesh.bench import raw_nixl
+    from pdmesh.kv.transfer.base import TransferState
+
+    monkeypatch.setattr(raw_nixl, "WRITE_DEADLINE_S", 0.05)
+    with pytest.raises(TimeoutError, match="still running"):
+        raw_nixl.wait_written(_Stuck(TransferState.PENDING), object(), spin_s=0.001)
+    with pytest.raises(RuntimeError, match="failed"):
+        raw_nixl.wait_written(_Stuck(TransferState.FAILED), object())
+    raw_nixl.wait_written(_Stuck(TransferState.DONE), object())

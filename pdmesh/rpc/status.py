@@ -28,10 +28,21 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 )
 
 
+_PEER_FAILURE = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED,
+                           grpc.StatusCode.DATA_LOSS})
+"""Codes a call to another pdmesh service ends with when that service dies or resets the
+stream mid-call (gRPC's core reports a killed peer's broken stream as INTERNAL "Internal
+error from Core" at times): the caller's request was fine and a retry may succeed, so it
+is told UNAVAILABLE, never INTERNAL (seen in the chaos test when a request had used its
+migrations)."""
+
+
 def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The status code for a domain error; INTERNAL for anything unexpected."""
+    """The status code for a domain error; INTERNAL for anything unexpected. An error of a
+    call this service made to another passes on as it came (INVALID_ARGUMENT stays the
+    caller's to fix), except a failed peer's, which is UNAVAILABLE."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        return exc.code()
+        return grpc.StatusCode.UNAVAILABLE if exc.code() in _PEER_FAILURE else exc.code()
     for kind, code in _CODES:
         if isinstance(exc, kind):
             return code
@@ -40,5 +51,7 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 def message_for(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in _PEER_FAILURE:
+            return f"a worker failed during the request ({exc.code().name}: {exc.details()}); retry"
         return exc.details() or str(exc.code())
     return str(exc) or type(exc).__name__

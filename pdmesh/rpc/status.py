@@ -28,21 +28,10 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 )
 
 
-_PEER_FAILURE = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED,
-                           grpc.StatusCode.DATA_LOSS})
-"""Codes a call to another pdmesh service ends with when that service dies or resets the
-stream mid-call (gRPC's core reports a killed peer's broken stream as INTERNAL "Internal
-error from Core" at times): the caller's request was fine and a retry may succeed, so it
-is told UNAVAILABLE, never INTERNAL (the chaos test saw 3 of 6,292 requests end with that
-INTERNAL while workers were being killed)."""
-
-
 def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The status code for a domain error; INTERNAL for anything unexpected. An error of a
-    call this service made to another passes on as it came (INVALID_ARGUMENT stays the
-    caller's to fix), except a failed peer's, which is UNAVAILABLE."""
+    """The status code for a domain error; INTERNAL for anything unexpected."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        return grpc.StatusCode.UNAVAILABLE if exc.code() in _PEER_FAILURE else exc.code()
+        return exc.code()
     for kind, code in _CODES:
         if isinstance(exc, kind):
             return code
@@ -51,7 +40,25 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 def message_for(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
-        if exc.code() in _PEER_FAILURE:
-            return f"a worker failed during the request ({exc.code().name}: {exc.details()}); retry"
         return exc.details() or str(exc.code())
     return str(exc) or type(exc).__name__
+
+
+PEER_FAILURE = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED,
+                          grpc.StatusCode.DATA_LOSS})
+"""Codes a call to another pdmesh service can end with when that service dies or resets
+the stream mid-call (gRPC's core reports some broken streams as INTERNAL "Internal error
+from Core"). Inside the mesh they pass on as they came, since the router reads UNAVAILABLE
+from a worker as "this worker is down" and must not blame the wrong one; at the public
+edge they become UNAVAILABLE (``for_client``)."""
+
+
+def for_client(exc: BaseException) -> BaseException:
+    """What a client of the mesh is told for ``exc``: a peer's failure is UNAVAILABLE with
+    a retry hint (the request was fine and may succeed again), never INTERNAL; anything
+    else unchanged. The chaos test saw 3 of 6,292 requests end with a passed-on INTERNAL
+    while workers were being killed."""
+    if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in PEER_FAILURE:
+        return UnavailableError(f"a worker failed during the request ({exc.code().name}: {exc.details()}); retry")
+    return exc
+

@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 from prometheus_client import CollectorRegistry
 
 from pdmesh.errors import InvalidRequestError, UnavailableError
 from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
 from pdmesh.model.config import ModelConfig
 from pdmesh.rpc.feed_sink import Feeds
+from pdmesh.rpc.status import for_client
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
@@ -139,6 +141,8 @@ class RouterCore:
             async with self.admission.slot(max(0.0, deadline - asyncio.get_running_loop().time())):
                 async for item in group.stream():
                     yield item
+        except grpc.aio.AioRpcError as exc:
+            raise for_client(exc) from exc
         finally:
             self.flows.pop(request_id, None)
 

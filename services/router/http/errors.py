@@ -21,7 +21,6 @@ from pdmesh.errors import (
     UnavailableError,
     UnsupportedModelError,
 )
-from pdmesh.rpc.status import message_for, status_for
 
 _GRPC_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -32,6 +31,7 @@ _GRPC_STATUS = {
     grpc.StatusCode.ABORTED: 503,
     grpc.StatusCode.FAILED_PRECONDITION: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.CANCELLED: 503,
 }
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
           429: "RateLimitError", 503: "ServiceUnavailableError", 504: "TimeoutError",
@@ -61,9 +61,9 @@ def status_of(exc: BaseException) -> HTTPError:
         return HTTPError(503, str(exc))
     if isinstance(exc, asyncio.TimeoutError):
         return HTTPError(504, "the request did not finish before its deadline")
-    if isinstance(exc, grpc.aio.AioRpcError):  # a worker's status, as gRPC callers get it
-        grpc_code = status_for(exc)
-        return HTTPError(_GRPC_STATUS.get(grpc_code, 500), message_for(exc), code=grpc_code.name.lower())
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = _GRPC_STATUS.get(exc.code(), 500)
+        return HTTPError(code, exc.details() or exc.code().name, code=exc.code().name.lower())
     return HTTPError(500, f"internal error: {type(exc).__name__}")
 
 

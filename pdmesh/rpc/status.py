@@ -61,4 +61,3 @@ def for_client(exc: BaseException) -> BaseException:
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in PEER_FAILURE:
         return UnavailableError(f"a worker failed during the request ({exc.code().name}: {exc.details()}); retry")
     return exc
-

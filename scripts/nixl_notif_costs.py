@@ -15,10 +15,9 @@ Prints p50 / p90 per write.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import time
 
-from pdmesh.bench.raw_nixl import target_ready, transfer_target, wait_written
+from pdmesh.bench.raw_nixl import raw_target, wait_written
 
 BLOCK_BYTES, BLOCKS, WRITES = 256 * 1024, 16, 30
 WAYS = ("plain", "carried", "after")
@@ -30,37 +29,33 @@ def run(run_id: int, interval: float) -> dict[str, list[float]]:
     from pdmesh.kv.transfer.base import KVRegion, PeerLayout
     from pdmesh.kv.transfer.nixl import NixlTransport
 
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
     dst = f"notif-dst-{run_id}"  # fresh agent names: a closed agent's peers remember it
-    proc = ctx.Process(target=transfer_target, args=(there, BLOCK_BYTES, BLOCKS, dst, interval))
-    proc.start()
-    meta, base = target_ready(here, proc)
     pool = torch.randn(BLOCKS, BLOCK_BYTES // 4)  # registered: must outlive the agent
-    src = NixlTransport(f"notif-src-{run_id}", KVRegion.of_tensor(pool))
-    src.add_peer(PeerLayout(dst, meta, base, BLOCK_BYTES, BLOCKS))
-    agent, (_, remote) = src.agent, src._peers[dst]  # type: ignore[misc]  # NIXL's own calls
-    ids = list(range(BLOCKS))
     times: dict[str, list[float]] = {}
-    for way in WAYS:
-        times[way] = []
-        for i in range(WRITES):
-            t0 = time.perf_counter()
-            if way == "carried":
-                h = agent.make_prepped_xfer("WRITE", src._local, ids, remote, ids, f"t-{i}".encode())
-                agent.transfer(h)
-            else:
-                h = src.write(dst, ids, ids)
-            wait_written(src, h, spin_s=0.0001)
-            times[way].append(time.perf_counter() - t0)
-            src.release(h)
-            if way == "after":
-                agent.send_notif(dst, f"n-{i}".encode())
-            time.sleep(0.003)
-        times[way].sort()
-    here.send("done")
-    proc.join(30)
-    src.close()
+    with raw_target(BLOCK_BYTES, BLOCKS, dst, interval) as (meta, base):
+        src = NixlTransport(f"notif-src-{run_id}", KVRegion.of_tensor(pool))
+        try:
+            src.add_peer(PeerLayout(dst, meta, base, BLOCK_BYTES, BLOCKS))
+            agent, (_, remote) = src.agent, src._peers[dst]  # type: ignore[misc]  # NIXL's own calls
+            ids = list(range(BLOCKS))
+            for way in WAYS:
+                times[way] = []
+                for i in range(WRITES):
+                    t0 = time.perf_counter()
+                    if way == "carried":
+                        h = agent.make_prepped_xfer("WRITE", src._local, ids, remote, ids, f"t-{i}".encode())
+                        agent.transfer(h)
+                    else:
+                        h = src.write(dst, ids, ids)
+                    wait_written(src, h, spin_s=0.0001)
+                    times[way].append(time.perf_counter() - t0)
+                    src.release(h)
+                    if way == "after":
+                        agent.send_notif(dst, f"n-{i}".encode())
+                    time.sleep(0.003)
+                times[way].sort()
+        finally:
+            src.close()
     return times
 
 

@@ -203,7 +203,7 @@ def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random
 def run_mesh_bench(args: argparse.Namespace) -> list[Row]:
     rng = random.Random(0)
     rows: list[Row] = []
-    sections = set(getattr(args, "sections", None) or SECTIONS)
+    sections = set(args.sections or SECTIONS)
     if sections - set(SECTIONS):
         raise SystemExit(f"pdmesh bench mesh: no section {', '.join(sorted(sections - set(SECTIONS)))}; "
                          f"the sections are {', '.join(SECTIONS)}")

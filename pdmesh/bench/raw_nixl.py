@@ -10,8 +10,10 @@ the second (``pdmesh bench mesh --sections kv``; docs/performance.md section 19)
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import time
+from collections.abc import Iterator
 
 
 def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst",  # type: ignore[no-untyped-def]
@@ -72,6 +74,32 @@ def wait_written(transport, handle, spin_s: float = 0.0) -> None:  # type: ignor
         raise RuntimeError("a raw NIXL write failed (the target process gone?)")
 
 
+_TARGET_STOP_S = 30.0
+"""A target told to stop closes its agent and exits; one still alive after this is killed."""
+
+
+@contextlib.contextmanager
+def raw_target(block_bytes: int, blocks: int, name: str = "raw-dst",
+               interval: float | None = None) -> Iterator[tuple[bytes, int]]:
+    """A ``transfer_target`` process for the block: its ``(metadata, base address)``. On
+    the way out, however the block ends (a failed or stuck write included), the target is
+    told to stop and killed if it has not within ``_TARGET_STOP_S``: a target left waiting
+    would hold the caller's exit, which joins its children."""
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=transfer_target, args=(there, block_bytes, blocks, name, interval))
+    proc.start()
+    try:
+        yield target_ready(here, proc)
+    finally:
+        with contextlib.suppress(OSError):  # the target may be gone already
+            here.send("done")
+        proc.join(_TARGET_STOP_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(_TARGET_STOP_S)
+
+
 def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
     """GiB/s of ``blocks``-block writes; ``fresh``: each write from and to blocks no earlier
     write touched (pools of ``FRESH_WRITES`` writes' blocks), else the same blocks each time."""
@@ -80,27 +108,23 @@ def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
     from pdmesh.kv.transfer.base import KVRegion, PeerLayout
     from pdmesh.kv.transfer.nixl import NixlTransport
 
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
     rounds = FRESH_WRITES if fresh else 20
     pool_blocks = blocks * (rounds + 1) if fresh else blocks
-    proc = ctx.Process(target=transfer_target, args=(there, block_bytes, pool_blocks))
-    proc.start()
-    meta, base = target_ready(here, proc)
-    pool = torch.randn(pool_blocks, block_bytes // 4)
-    src = NixlTransport("raw-src", KVRegion.of_tensor(pool))
-    src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, pool_blocks))
+    pool = torch.randn(pool_blocks, block_bytes // 4)  # registered: must outlive the agent
     seconds = 0.0
-    for i in range(rounds + 1):  # the first connects the agents: not counted
-        first = i * blocks if fresh else 0
-        ids = list(range(first, first + blocks))
-        t0 = time.perf_counter()
-        h = src.write("raw-dst", ids, ids)
-        wait_written(src, h)
-        if i:
-            seconds += time.perf_counter() - t0
-        src.release(h)
-    src.close()
-    here.send("done")
-    proc.join(30)
+    with raw_target(block_bytes, pool_blocks) as (meta, base):
+        src = NixlTransport("raw-src", KVRegion.of_tensor(pool))
+        try:
+            src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, pool_blocks))
+            for i in range(rounds + 1):  # the first connects the agents: not counted
+                first = i * blocks if fresh else 0
+                ids = list(range(first, first + blocks))
+                t0 = time.perf_counter()
+                h = src.write("raw-dst", ids, ids)
+                wait_written(src, h)
+                if i:
+                    seconds += time.perf_counter() - t0
+                src.release(h)
+        finally:
+            src.close()
     return rounds * blocks * block_bytes / seconds / 2**30

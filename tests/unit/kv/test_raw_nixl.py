@@ -48,3 +48,12 @@ def test_a_raw_write_that_never_ends_or_fails_is_an_error_not_a_hang(monkeypatch
     with pytest.raises(RuntimeError, match="failed"):
         raw_nixl.wait_written(_Stuck(TransferState.FAILED), object())
     raw_nixl.wait_written(_Stuck(TransferState.DONE), object())
+
+
+def test_a_failure_while_writing_stops_the_target_process() -> None:
+    from pdmesh.bench.raw_nixl import raw_target
+
+    with pytest.raises(TimeoutError, match="stuck"), raw_target(64 * 1024, 4) as (meta, base):
+        assert meta and base
+        raise TimeoutError("a write stuck")  # as wait_written raises it
+    assert mp.active_children() == []  # told to stop (or killed), and joined

@@ -51,12 +51,10 @@ class Counters:
 
 def _transport(name: str, region: KVRegion) -> KVTransport:
     transport: KVTransport = NixlTransport(name, region)
-    delay = os.environ.get("PDMESH_FAULT_TRANSFER_DELAY_S")
-    if delay:  # tests only: see pdmesh/kv/transfer/faults.py
-        from pdmesh.kv.transfer.faults import DelayedWrites
+    if any(k.startswith("PDMESH_FAULT_TRANSFER_") for k in os.environ):  # tests only
+        from pdmesh.kv.transfer.faults import fault_wrapped
 
-        logging.getLogger(__name__).warning("FAULT INJECTION: every KV write starts %ss late", delay)
-        transport = DelayedWrites(transport, float(delay))
+        transport = fault_wrapped(transport)
     return transport
 
 

@@ -2,9 +2,11 @@
 
 A transfer is started on the transport and watched by the ``TransferPoller``'s thread
 until DONE or FAILED; the coroutine waits for that result up to its deadline. The handle is
-released whatever happens. A failed transfer drops the peer (a dead peer's connection is
-re-established from its ``Info`` on next use) and raises ``TransferFailedError``, which the
-RPC layer turns into ABORTED.
+released whatever happens. A failed transfer raises ``TransferFailedError``, which the RPC
+layer turns into ABORTED, and drops the peer (a restarted peer's connection is
+re-established from its ``Info`` on next use) once no other transfer with it is in flight:
+dropped at once, one failed write failed every write in flight to a live peer
+(NIXL_ERR_NOT_FOUND when they were polled next).
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class TransferRunner:
         self.transport = transport
         self.poller = TransferPoller(transport)
         self.writing = BusyClock()
+        self._in_flight: dict[str, int] = {}
+        """Transfers started with each peer and not yet released."""
+        self._stale: set[str] = set()
+        """Peers a transfer failed with since the last that succeeded: dropped when idle."""
 
     async def write(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
         """Write local blocks into ``peer``'s. Done means the data is in the peer's memory
@@ -83,9 +89,12 @@ class TransferRunner:
         try:
             handle = start()
         except Exception as exc:
-            self.transport.remove_peer(peer)
+            self._failed(peer)
             raise TransferFailedError(f"KV {what} with {peer} could not start: {exc}") from exc
         done_at = 0.0
+        failed: bool | None = None  # None: a deadline or a cancelled waiter, which says
+        # nothing about the peer's connection
+        self._in_flight[peer] = self._in_flight.get(peer, 0) + 1
         if clock is not None:
             clock.start(started)
         try:
@@ -104,8 +113,8 @@ class TransferRunner:
                     ) from None
             else:
                 done_at = time.perf_counter()
-            if state is TransferState.FAILED:
-                self.transport.remove_peer(peer)
+            failed = state is TransferState.FAILED
+            if failed:
                 raise TransferFailedError(f"KV {what} with {peer} failed (peer gone?)")
             return Moved(blocks * self.transport.block_bytes, done_at - started)
         finally:
@@ -113,3 +122,17 @@ class TransferRunner:
                 clock.stop(done_at or time.perf_counter())
             self.poller.forget(handle)
             self.transport.release(handle)
+            self._in_flight[peer] -= 1
+            if failed is False:
+                self._stale.discard(peer)
+            elif failed or peer in self._stale:
+                self._failed(peer)
+
+    def _failed(self, peer: str) -> None:
+        """A transfer with ``peer`` failed: drop it now if nothing else is in flight with
+        it, else when the last of those ends without one succeeding."""
+        self._stale.add(peer)
+        if self._in_flight.get(peer, 0) == 0:
+            self._in_flight.pop(peer, None)
+            self._stale.discard(peer)
+            self.transport.remove_peer(peer)

@@ -11,7 +11,7 @@ import torch
 
 from pdmesh.errors import TransferFailedError
 from pdmesh.kv.transfer.base import KVRegion, PeerLayout, TransferState
-from pdmesh.kv.transfer.faults import DelayedWrites
+from pdmesh.kv.transfer.faults import DelayedWrites, FailingWrites
 from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.kv.transfer.runner import TransferRunner
 
@@ -129,6 +129,46 @@ def test_a_transfer_whose_poll_fails_drops_the_peer(pair) -> None:  # type: igno
     with pytest.raises(TransferFailedError, match="failed"):
         asyncio.run(go())
     assert failing.removed == ["poller-dst"]
+
+
+class _KeptPeers(FailingWrites):
+    """``FailingWrites`` that records the peers the runner drops instead of dropping them."""
+
+    def __init__(self, inner, fail: set[int]) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(inner, fail)
+        self.removed: list[str] = []
+
+    def remove_peer(self, name: str) -> None:
+        self.removed.append(name)
+
+
+def test_a_failed_write_keeps_the_peer_while_another_is_in_flight(pair) -> None:  # type: ignore[no-untyped-def]
+    """Write 1 is real and still in flight when write 2 fails: dropping the peer at once
+    failed write 1 too (NIXL_ERR_NOT_FOUND at its next poll). Write 1 completes, and its
+    success says the connection works, so the peer is not dropped afterwards either."""
+    src, dst, src_pool, dst_pool = pair
+    dst_pool.zero_()
+    transport = _KeptPeers(DelayedWrites(src, delay_s=0.3), {2})
+
+    async def go() -> tuple[object, object]:
+        runner, receiver = TransferRunner(transport), TransferRunner(dst)  # type: ignore[arg-type]
+        receiver.poller.drive_progress(lambda: True)
+        try:
+            first = asyncio.create_task(runner.write("poller-dst", [0, 1], [8, 9], timeout=10))
+            await asyncio.sleep(0)  # write 1 starts (and waits out its delay)
+            second = await asyncio.gather(runner.write("poller-dst", [2], [10], timeout=10),
+                                          return_exceptions=True)
+            assert transport.removed == []  # write 1 is in flight
+            return await first, second[0]
+        finally:
+            runner.poller.close()
+            receiver.poller.close()
+
+    moved, failure = asyncio.run(go())
+    assert isinstance(failure, TransferFailedError)
+    assert moved.bytes == 2 * src.block_bytes  # type: ignore[attr-defined]
+    assert torch.equal(dst_pool[8:10], src_pool[0:2])
+    assert transport.removed == []
 
 
 class _CountingProgress:

@@ -75,7 +75,7 @@ class RequestFlow:
     finished: bool = False
     """A message with a finish reason was relayed: the request is complete."""
     failed_decode: set[str] = field(default_factory=set)
-    """Decode workers that failed this request mid-stream."""
+    """Decode workers that failed this request (tried again only when no other is left)."""
     hashes: list[BlockHash] = field(default_factory=list)
     """The prompt's block hashes, computed once in ``run`` for both routing decisions."""
     decode_held: int = 0
@@ -206,26 +206,36 @@ class RequestFlow:
         self.finished = self.finished or bool(resp.finish_reason)
 
     def replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
-        """Leave a decode worker that failed this request (marked down unless it was only
-        full) for another healthy one; UNAVAILABLE when none is left."""
-        core, failed = self.core, self.decode_worker()
-        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        """Leave a decode worker that failed this request for another healthy one, or try
+        it again when it is the only one and not known to be dead; UNAVAILABLE when none
+        is left. Only a call that found it unreachable marks it down at once; a failed KV
+        write or a broken stream may be this request's own, so the registry asks the
+        worker for its Info instead (``Registry.suspect``): marked down, the only decode
+        worker refused every request routed until its next Info, and one failure became
+        many."""
+        core, failed, code = self.core, self.decode_worker(), exc.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
             core.workers.mark_down(failed)
+        elif code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            core.workers.suspect(failed)
         self.failed_decode.add(failed.worker_id)
         try:
             replacement, held = core.route_decode(self.hashes, exclude=self.failed_decode)
         except UnavailableError:
-            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise exc from None  # every decode worker is full: "not now", with its retry hint
-            raise
-        failed.release()
-        self.decode, self.decode_held = replacement, held
-        replacement.acquire()
+            if not failed.healthy:
+                raise
+            replacement, held = failed, self.decode_held
+        if replacement is not failed:
+            failed.release()
+            self.decode, self.decode_held = replacement, held
+            replacement.acquire()
         log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s", failed.worker_id,
-                    stage, exc.code().name, self.request_id, len(self.streamed_tokens), self.decode.worker_id)
+                    stage, code.name, self.request_id, len(self.streamed_tokens), self.decode.worker_id)
 
     def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
-        """Mark the failed decode worker down and resume the request on another."""
+        """Leave the failed decode worker (``replace_decode``) and resume the request."""
         self.replace_decode(exc, "mid-stream")
         self.core.migrations += 1
         return self._decode_call("GenerateLocal", self.reserve_msg((self.streamed_tokens, self.streamed_chars)))

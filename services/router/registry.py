@@ -120,22 +120,39 @@ class Registry:
             WorkerHandle(a, "decode") for a in cfg.decode
         ]
         self.mesh_compat: str | None = None
+        self._probes: dict[WorkerHandle, asyncio.Task[None]] = {}
 
     def healthy(self, role: str) -> list[WorkerHandle]:
         return [w for w in self.workers if w.role == role and w.healthy]
 
     def mark_down(self, handle: WorkerHandle) -> None:
+        """A call found ``handle`` unreachable: no new requests until its Info answers."""
         handle.healthy = False
+
+    def suspect(self, handle: WorkerHandle) -> None:
+        """A request failed on ``handle`` in a way that does not say whether the worker
+        lives (a KV write that failed, a stream that broke): ask for its Info now rather
+        than mark it down. Marked down, a live worker got no request until the next
+        refresh, and the only decode worker's one failed write refused every request
+        routed meanwhile; a dead one is down as soon as the probe finds it unreachable."""
+        if handle in self._probes:
+            return
+        probe = asyncio.get_running_loop().create_task(self._refresh(handle, probing=True))
+        self._probes[handle] = probe
+        probe.add_done_callback(lambda _: self._probes.pop(handle, None))
 
     async def refresh(self) -> None:
         await asyncio.gather(*(self._refresh(w) for w in self.workers))
 
-    async def _refresh(self, w: WorkerHandle) -> None:
+    async def _refresh(self, w: WorkerHandle, probing: bool = False) -> None:
         try:
             info = await fetch_info(w.address, timeout=self.cfg.info_timeout_s)
         except grpc.aio.AioRpcError as exc:
             w.failures += 1
-            if w.healthy and w.failures >= self.cfg.down_after_failures:
+            if probing and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                log.warning("%s worker at %s is unreachable after a failed request", w.role, w.address)
+                w.healthy = False
+            elif w.healthy and w.failures >= self.cfg.down_after_failures:
                 log.warning("%s worker at %s stopped answering (%d Info calls failed: %s)",
                             w.role, w.address, w.failures, exc.code().name)
                 w.healthy = False

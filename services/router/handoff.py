@@ -5,9 +5,10 @@ The prefill starts first (``PrefillStream``'s first message), the decode worker 
 while the prompt computes, and the reservation follows as the stream's second message:
 the reservation's round trip is off the path to the first token (measured in
 docs/performance.md §17). Either call failing ends the other: a decode worker that is
-unreachable or full is replaced and the request tried again, a prefill worker that is
-unreachable is marked down and the next attempt routes elsewhere, and the reservation is
-given back whenever the prefill did not answer.
+unreachable, full or broken mid-call is replaced and the request tried again, so is a
+prefill worker that is unreachable (marked down) or broke the call (asked for its Info:
+``Registry.call_failed``), and the reservation is given back whenever the prefill did not
+answer.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         handle = await reserve
     except grpc.aio.AioRpcError as exc:
         call.cancel()
-        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED and not flow.worker_failed(exc):
             raise
-        flow.replace_decode(exc, "reserve")  # dead, or full: the next decode worker
+        flow.replace_decode(exc, "reserve")  # failed, or full: the next decode worker
         return None
     except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end
         call.cancel()
@@ -89,12 +90,12 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
             flow.replace_decode(exc, "kv transfer")
             return None
-        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        if not flow.worker_failed(exc):
             raise
-        flow.core.workers.mark_down(prefill)
+        flow.core.workers.call_failed(prefill, exc.code())
         flow.tried.add(prefill.worker_id)
         flow.core.prefill_retries += 1
-        log.warning("prefill worker %s unavailable for %s: %s", prefill.worker_id, rid, exc.details())
+        log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, rid, exc.code().name, exc.details())
         return None
     except BaseException:
         await reservation.give_back(d_stub, rid)

@@ -129,6 +129,14 @@ class Registry:
         """A call found ``handle`` unreachable: no new requests until its Info answers."""
         handle.healthy = False
 
+    def call_failed(self, handle: WorkerHandle, code: grpc.StatusCode) -> None:
+        """A request's call to ``handle`` failed with ``code``: unreachable marks it down,
+        full says nothing about its health, anything else makes it a suspect."""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            self.mark_down(handle)
+        elif code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self.suspect(handle)
+
     def suspect(self, handle: WorkerHandle) -> None:
         """A request failed on ``handle`` in a way that does not say whether the worker
         lives (a KV write that failed, a stream that broke): ask for its Info now rather

@@ -1,0 +1,68 @@
+"""A gRPC pass-through in front of a real worker that breaks chosen calls (tests only).
+
+gRPC's core reports some streams broken mid-call as INTERNAL ("Internal error from Core"),
+and a killed worker produces that only now and then, so a test cannot cause it on
+demand. This proxy forwards every call's bytes to the real worker and back, except the
+calls of a method whose ordinals ``breaks`` names (1 = its first call), which it ends
+with INTERNAL before forwarding anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+_HOP_HEADERS = ("user-agent", "grpc-", ":")
+
+
+class BreakingProxy:
+    def __init__(self, target: str, breaks: dict[str, set[int]]) -> None:
+        self.breaks = breaks
+        """Method name (``Reserve``, ``PrefillStream``, ...) -> ordinals of its calls to break."""
+        self.calls: dict[str, int] = {}
+        self.broken: list[str] = []
+        self._channel = grpc.insecure_channel(target)
+        self._server = grpc.server(futures.ThreadPoolExecutor(32), handlers=[_Handler(self)])
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        self._server.start()
+
+    def take_break(self, method: str) -> bool:
+        name = method.rsplit("/", 1)[-1]
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if self.calls[name] not in self.breaks.get(name, ()):
+            return False
+        self.broken.append(name)
+        return True
+
+    def forward(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_HOP_HEADERS)]
+        call: Any = self._channel.stream_stream(method)(requests, metadata=metadata,
+                                                         timeout=context.time_remaining())
+        context.add_callback(call.cancel)
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")
+
+    def close(self) -> None:
+        self._server.stop(grace=None)
+        self._channel.close()
+
+
+class _Handler(grpc.GenericRpcHandler):
+    def __init__(self, proxy: BreakingProxy) -> None:
+        self.proxy = proxy
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method  # type: ignore[attr-defined]
+
+        def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            if self.proxy.take_break(method):
+                context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+            yield from self.proxy.forward(method, requests, context)
+
+        return grpc.stream_stream_rpc_method_handler(handle)

@@ -1,0 +1,43 @@
+"""A prefill call and a ``Reserve`` that break mid-call (INTERNAL, as gRPC reports some
+broken streams) are tried again: the request is answered exactly, both workers stay in
+service, and no block is left. Before, either failure reached the caller as UNAVAILABLE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.v1 import admin_pb2
+from tests.conftest import mixed_prompts
+from tests.integration.failover.breaking_proxy import BreakingProxy
+from tests.integration.mesh.conftest import WORKER_ARGS, admin, wait_idle
+
+
+def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, hf_refs) -> None:  # type: ignore[no-untyped-def]
+    spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, worker_args=WORKER_ARGS,
+                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
+    with Mesh(spec) as mesh:
+        prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}})
+        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}})  # the first request's retry goes local
+        try:
+            mesh.kill(mesh.router)  # type: ignore[arg-type]
+            mesh.router = mesh._spawn("router", [
+                "router", "--model", str(llama_dir), "--redis-url", mesh.redis_url,
+                "--prefill", prefill.address, "--decode", decode.address, "--info-interval-s", "0.2",
+                *mesh._port_args("router")])
+            mesh._await_ready(mesh.router)
+            prompts = [p for p in mixed_prompts(20, seed=89) if len(p) >= 31][:3]
+            with Client(mesh.router_address, timeout=60) as c:
+                outs = [c.complete(p, max_tokens=6, temperature=0).token_ids for p in prompts]
+            assert outs == [hf_refs["llama"].greedy(p, 6) for p in prompts]
+            assert sorted(prefill.broken + decode.broken) == ["PrefillStream", "Reserve"]
+            stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
+            assert stats.prefill_retries == 1
+            assert stats.decisions["local/no_prefill"] == 1  # the only prefill worker failed it
+            workers = admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest()).workers
+            assert all(w.healthy for w in workers), workers
+            wait_idle(mesh)
+        finally:
+            prefill.close()
+            decode.close()

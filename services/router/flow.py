@@ -214,12 +214,12 @@ class RequestFlow:
 
     def replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
         """Leave a decode worker that failed this request for another healthy one, or try
-        it again when it is the only one and not known to be dead; UNAVAILABLE when none
-        is left. Only a call that found it unreachable marks it down at once; a failed KV
-        write or a broken stream may be this request's own, so the registry asks the
-        worker for its Info instead (``Registry.suspect``): marked down, the only decode
-        worker refused every request routed until its next Info, and one failure became
-        many."""
+        it again before the stream starts when it is the only one and not known to be dead
+        (its reservation was given back); UNAVAILABLE when none is left. Only a call that
+        found it unreachable marks it down at once; a failed KV write or a broken call may
+        be this request's own, so the registry asks the worker for its Info instead
+        (``Registry.call_failed``): marked down, the only decode worker refused every
+        request routed until its next Info, and one failure became many."""
         core, failed, code = self.core, self.decode_worker(), exc.code()
         core.workers.call_failed(failed, code)
         self.failed_decode.add(failed.worker_id)
@@ -228,7 +228,7 @@ class RequestFlow:
         except UnavailableError:
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise exc from None  # every decode worker is full: "not now", with its retry hint
-            if not failed.healthy:
+            if not failed.healthy or stage == "mid-stream":  # mid-stream it may still run there
                 raise
             replacement, held = failed, self.decode_held
         if replacement is not failed:

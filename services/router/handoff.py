@@ -75,6 +75,10 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         call.cancel()
         if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED and not flow.worker_failed(exc):
             raise
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # The call may have broken after the worker reserved: give it back, or the
+            # same request id tried there again is refused as already in flight.
+            await reservation.give_back(d_stub, rid)
         flow.replace_decode(exc, "reserve")  # failed, or full: the next decode worker
         return None
     except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end

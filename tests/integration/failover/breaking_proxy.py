@@ -4,7 +4,9 @@ gRPC's core reports some streams broken mid-call as INTERNAL ("Internal error fr
 and a killed worker produces that only now and then, so a test cannot cause it on
 demand. This proxy forwards every call's bytes to the real worker and back, except the
 calls of a method whose ordinals ``breaks`` names (1 = its first call), which it ends
-with INTERNAL before forwarding anything.
+with INTERNAL before forwarding anything, and those ``breaks_after`` names, which reach
+the worker and whose answer it replaces with INTERNAL (the worker acted; the caller
+cannot know).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ _HOP_HEADERS = ("user-agent", "grpc-", ":")
 
 
 class BreakingProxy:
-    def __init__(self, target: str, breaks: dict[str, set[int]]) -> None:
+    def __init__(self, target: str, breaks: dict[str, set[int]],
+                 breaks_after: dict[str, set[int]] | None = None) -> None:
         self.breaks = breaks
         """Method name (``Reserve``, ``PrefillStream``, ...) -> ordinals of its calls to break."""
+        self.breaks_after = breaks_after or {}
         self.calls: dict[str, int] = {}
         self.broken: list[str] = []
         self._channel = grpc.insecure_channel(target)
@@ -30,13 +34,15 @@ class BreakingProxy:
         self.address = f"127.0.0.1:{port}"
         self._server.start()
 
-    def take_break(self, method: str) -> bool:
+    def take_break(self, method: str) -> str:
+        """"before", "after" or "" for this call of ``method``."""
         name = method.rsplit("/", 1)[-1]
         self.calls[name] = self.calls.get(name, 0) + 1
-        if self.calls[name] not in self.breaks.get(name, ()):
-            return False
-        self.broken.append(name)
-        return True
+        for when, table in (("before", self.breaks), ("after", self.breaks_after)):
+            if self.calls[name] in table.get(name, ()):
+                self.broken.append(f"{name} {when}")
+                return when
+        return ""
 
     def forward(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_HOP_HEADERS)]
@@ -61,7 +67,11 @@ class _Handler(grpc.GenericRpcHandler):
         method = details.method  # type: ignore[attr-defined]
 
         def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            if self.proxy.take_break(method):
+            when = self.proxy.take_break(method)
+            if when == "after":
+                for _ in self.proxy.forward(method, requests, context):
+                    pass  # the worker answered; the caller hears of a broken stream
+            if when:
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
             yield from self.proxy.forward(method, requests, context)
 

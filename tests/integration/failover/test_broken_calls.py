@@ -1,6 +1,7 @@
 """A prefill call and a ``Reserve`` that break mid-call (INTERNAL, as gRPC reports some
 broken streams) are tried again: the request is answered exactly, both workers stay in
-service, and no block is left. Before, either failure reached the caller as UNAVAILABLE."""
+service, and no block is left, also when the worker had reserved before the answer was
+lost. Before, either failure reached the caller as UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
                     router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
     with Mesh(spec) as mesh:
         prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}})
-        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}})  # the first request's retry goes local
+        # The first request's retry goes local (no Reserve); the second's Reserve breaks
+        # before the worker sees it, then after it reserved (the answer lost).
+        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}}, breaks_after={"Reserve": {3}})
         try:
             mesh.kill(mesh.router)  # type: ignore[arg-type]
             mesh.router = mesh._spawn("router", [
@@ -31,7 +34,7 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
             with Client(mesh.router_address, timeout=60) as c:
                 outs = [c.complete(p, max_tokens=6, temperature=0).token_ids for p in prompts]
             assert outs == [hf_refs["llama"].greedy(p, 6) for p in prompts]
-            assert sorted(prefill.broken + decode.broken) == ["PrefillStream", "Reserve"]
+            assert prefill.broken + decode.broken == ["PrefillStream before", "Reserve before", "Reserve after"]
             stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
             assert stats.prefill_retries == 1
             assert stats.decisions["local/no_prefill"] == 1  # the only prefill worker failed it

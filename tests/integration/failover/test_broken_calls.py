@@ -19,7 +19,10 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
     spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, worker_args=WORKER_ARGS,
                     router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
     with Mesh(spec) as mesh:
-        prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}})
+        # The third request's prefill answers after computing and writing its KV, and the
+        # answer is lost.
+        prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}},
+                                breaks_after={"PrefillStream": {5}})
         # The first request's retry goes local (no Reserve); the second's Reserve breaks
         # before the worker sees it, then after it reserved (the answer lost).
         decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}}, breaks_after={"Reserve": {3}})
@@ -34,10 +37,11 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
             with Client(mesh.router_address, timeout=60) as c:
                 outs = [c.complete(p, max_tokens=6, temperature=0).token_ids for p in prompts]
             assert outs == [hf_refs["llama"].greedy(p, 6) for p in prompts]
-            assert prefill.broken + decode.broken == ["PrefillStream before", "Reserve before", "Reserve after"]
+            assert prefill.broken == ["PrefillStream before", "PrefillStream after"]
+            assert decode.broken == ["Reserve before", "Reserve after"]
             stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
-            assert stats.prefill_retries == 1
-            assert stats.decisions["local/no_prefill"] == 1  # the only prefill worker failed it
+            assert stats.prefill_retries == 2
+            assert stats.decisions["local/no_prefill"] == 2  # the only prefill worker failed them
             workers = admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest()).workers
             assert all(w.healthy for w in workers), workers
             wait_idle(mesh)

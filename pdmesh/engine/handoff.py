@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pdmesh.engine.sampler import consume_draw
 from pdmesh.errors import CapacityError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.free_queue import KVBlock
@@ -87,11 +88,7 @@ class KVHandoff:
         if seq.generator is not None and not seq.params.greedy:
             # The prefill worker drew the first token from this seed: consume the same
             # draw so the rest matches an in-process run token for token.
-            import torch
-
-            torch.empty(eng.model_config.vocab_size, device=eng.config.device).exponential_(
-                generator=seq.generator
-            )
+            consume_draw(seq.generator, eng.config.device)
         eng.start_running(seq, first_token, logprob)
 
     # -- prefill side -----------------------------------------------------------------

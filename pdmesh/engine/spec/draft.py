@@ -21,7 +21,7 @@ import torch
 from pdmesh.attention.select import build_backend
 from pdmesh.config import EngineConfig, SpeculativeConfig
 from pdmesh.engine.model_runner import ModelRunner
-from pdmesh.engine.sampler import RowView, Sampler, race
+from pdmesh.engine.sampler import RowView, Sampler, draw
 from pdmesh.engine.scheduler import ScheduledSeq, SchedulerOutput
 from pdmesh.errors import InvalidRequestError
 from pdmesh.kv.block_hash import BlockHasher
@@ -136,7 +136,7 @@ class DraftModelProposer:
         sampled = [r for r, row in enumerate(rows) if not row.params.greedy]
         if sampled:
             dist = sampler.distribution(logits[torch.tensor(sampled)], [rows[r].params for r in sampled])
-            drawn = race(dist, [rows[r].generator for r in sampled]).tolist()
+            drawn = draw(dist, [rows[r].generator for r in sampled]).tolist()
             for i, r in enumerate(sampled):
                 tokens[r], probs[r] = drawn[i], dist[i]
         return tokens, probs

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pdmesh.engine.sampler import race
+from pdmesh.engine.sampler import draw
 
 
 def accept_greedy(drafts: list[int], targets: list[int]) -> list[int]:
@@ -52,7 +52,7 @@ def accept_sampled(
             residual[draft] = 0
         if float(residual.sum()) <= 0:  # p == q to rounding: p itself is the residual
             residual = p[i]
-        out.append(int(race(residual[None], [generator])[0]))
+        out.append(int(draw(residual[None], [generator])[0]))
         return out
-    out.append(int(race(p[len(drafts)][None], [generator])[0]))
+    out.append(int(draw(p[len(drafts)][None], [generator])[0]))
     return out

@@ -80,3 +80,34 @@ def test_logprobs_report_rank_and_top_n() -> None:
     assert lp is not None and lp.token_id == 1 and lp.rank == 1
     assert abs(lp.logprob - float(ref[1])) < 1e-6
     assert [t for t, _ in lp.top] == [1, 2]
+
+
+def test_a_draw_never_lands_on_a_token_without_mass(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """At the top of [0, 1) the cumulative sum's rounding could step past the last token
+    with mass onto a filtered one (their cdf is flat); at 0 the first token with mass."""
+    import pdmesh.engine.sampler as sampler
+
+    probs = torch.tensor([[0.0, 0.25, 0.75, 0.0, 0.0]])
+    for u in (1.0 - 2.0**-53, 0.0):
+        monkeypatch.setattr(sampler, "uniforms", lambda gens, dev, u=u: torch.full((len(gens), 1), u,
+                                                                                      dtype=torch.float64))
+        assert sampler.draw(probs, [None]).tolist() == [2 if u else 1]
+
+
+def test_consume_draw_advances_a_generator_as_a_draw_does() -> None:
+    """What a resumed request relies on: skipping a token it did not sample leaves its
+    generator where sampling it would have."""
+    from pdmesh.engine.sampler import consume_draw, draw
+
+    drawn, skipped = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    draw(torch.ones(1, 100), [drawn])
+    consume_draw(skipped, "cpu")
+    assert torch.equal(torch.rand(4, generator=drawn), torch.rand(4, generator=skipped))
+
+
+def test_top_k_rows_draw_only_kept_tokens() -> None:
+    logits = torch.randn(1, 64)
+    s = seq(SamplingParams(temperature=1.5, top_k=3, seed=2), [0])
+    kept = set(logits[0].topk(3).indices.tolist())
+    drawn = {Sampler(())(logits.clone(), [s]).token_ids[0] for _ in range(300)}
+    assert drawn <= kept and len(drawn) == 3

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=32, help="requests (default: 32)")
     p.add_argument("--input-len", type=int, default=256, help="prompt (or suffix) tokens (default: 256)")
     p.add_argument("--output-len", type=int, default=64, help="tokens to generate (default: 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1, off)")
     p.add_argument("--prefix-len", type=int, default=512, help="prefix workload: shared prefix tokens (default: 512)")
     p.add_argument("--groups", type=int, default=4, help="prefix workload: distinct prefixes (default: 4)")
     p.add_argument("--turns", type=int, default=4, help="chat workload: turns per session (default: 4)")
@@ -83,8 +85,13 @@ def _target(started: servers.Started, args: argparse.Namespace) -> Target:
 
         scheme, _, address = started.url.partition("://")
         tls = (args.tls_ca, args.tls_cert, args.tls_key) if scheme == "grpcs" else ("", "", "")
-        return GrpcTarget(address, Security(*tls, api_key=args.api_key))
-    return OpenAITarget(started.url, started.model or _served_model(started.url), args.api_key)
+        return GrpcTarget(address, Security(*tls, api_key=args.api_key), _sampling(args))
+    return OpenAITarget(started.url, started.model or _served_model(started.url), args.api_key, _sampling(args))
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, float]:
+    """What every request asks for besides its length (the same for both targets)."""
+    return {"temperature": args.temperature, "top_p": args.top_p}
 
 
 async def _measure(make: Callable[[], Target], spec: WorkloadSpec, arrivals: Arrivals, progress: bool

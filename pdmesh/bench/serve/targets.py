@@ -31,6 +31,9 @@ class Record:
         return not self.error and self.end is not None
 
 
+GREEDY = {"temperature": 0.0, "top_p": 1.0}
+
+
 class Target(Protocol):
     name: str
 
@@ -40,10 +43,12 @@ class Target(Protocol):
 
 
 class GrpcTarget:
-    def __init__(self, address: str, security: Any = None) -> None:
-        """``security``: a ``pdmesh.client.Security`` (TLS material, API key) or None."""
+    def __init__(self, address: str, security: Any = None, sampling: dict[str, float] | None = None) -> None:
+        """``security``: a ``pdmesh.client.Security`` (TLS material, API key) or None;
+        ``sampling``: temperature and top_p (greedy when absent)."""
         from pdmesh.client import AsyncClient
 
+        self.sampling = sampling or GREEDY
         secure = security is not None and security.credentials() is not None
         self.name = f"{'grpcs' if secure else 'grpc'}://{address}"
         self.client = AsyncClient(address, security=security)
@@ -52,8 +57,8 @@ class GrpcTarget:
         import grpc
 
         try:
-            async for resp in self.client.generate(prompt, max_tokens=max_tokens, temperature=0,
-                                                   ignore_eos=True):
+            async for resp in self.client.generate(prompt, max_tokens=max_tokens, ignore_eos=True,
+                                                   **self.sampling):
                 now = time.perf_counter()
                 if resp.token_ids:
                     record.first = record.first or now
@@ -74,9 +79,10 @@ class GrpcTarget:
 class OpenAITarget:
     """``/v1/completions`` with ``stream`` and ``include_usage``; token-id prompts as lists."""
 
-    def __init__(self, base_url: str, model: str, api_key: str = "") -> None:
+    def __init__(self, base_url: str, model: str, api_key: str = "", sampling: dict[str, float] | None = None) -> None:
         import aiohttp
 
+        self.sampling = sampling or GREEDY
         self.base = base_url.rstrip("/").removesuffix("/v1")
         self.name = self.base
         self.model = model
@@ -85,7 +91,7 @@ class OpenAITarget:
 
     async def send(self, prompt: list[int] | str, max_tokens: int, record: Record) -> None:
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                                "temperature": 0, "ignore_eos": True, "stream": True,
+                                **self.sampling, "ignore_eos": True, "stream": True,
                                 "stream_options": {"include_usage": True}}
         try:
             async with self.session.post(self.base + "/v1/completions", json=body) as resp:

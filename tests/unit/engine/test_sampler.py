@@ -111,3 +111,49 @@ def test_top_k_rows_draw_only_kept_tokens() -> None:
     kept = set(logits[0].topk(3).indices.tolist())
     drawn = {Sampler(())(logits.clone(), [s]).token_ids[0] for _ in range(300)}
     assert drawn <= kept and len(drawn) == 3
+
+
+def _sorted_reference(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The masks by the definition, over each whole sorted row: top-k, then top-p and
+    min-p on the probabilities after top-k."""
+    vocab = logits.shape[-1]
+    out = torch.zeros_like(logits, dtype=torch.bool)
+    for r, p in enumerate(params):
+        vals, order = logits[r].sort(descending=True)
+        vals = vals.clone()
+        if p.top_k:
+            vals[p.top_k:] = float("-inf")
+        probs = torch.softmax(vals, dim=-1)
+        keep = torch.isfinite(vals)
+        if p.top_p < 1.0:
+            keep &= (probs.cumsum(-1) - probs) < p.top_p
+        if p.min_p > 0:
+            keep &= probs >= p.min_p * probs[0]
+        out[r, order] = keep
+    assert out.shape[-1] == vocab
+    return out
+
+
+def test_head_filter_keeps_what_sorting_the_whole_row_keeps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``_filter`` looks at each row's best ``HEADS[0]`` tokens, then the next head's;
+    rows whose top-p cut lies beyond them all (flat ones) are sorted whole. Whichever way,
+    the kept tokens are the definition's, with every option alone and combined; the
+    scales are chosen so that each way is taken (checked)."""
+    import pdmesh.engine.sampler as sampler
+
+    taken: set[object] = set()
+    head_keep, whole = sampler._head_keep, sampler._filter_sorted
+    monkeypatch.setattr(sampler, "_head_keep", lambda lg, ps, heads=sampler.HEADS:
+                        taken.add(heads[0]) or head_keep(lg, ps, heads))
+    monkeypatch.setattr(sampler, "_filter_sorted", lambda lg, ps: taken.add("sorted") or whole(lg, ps))
+    gen = torch.Generator().manual_seed(0)
+    vocab = 2 * sampler.HEADS[-1]
+    options = [SamplingParams(top_k=40), SamplingParams(top_p=0.9), SamplingParams(min_p=0.05),
+               SamplingParams(top_k=600, top_p=0.95), SamplingParams(top_p=0.8, min_p=0.02),
+               SamplingParams(top_k=10, top_p=0.5, min_p=0.1), SamplingParams(temperature=0.7)]
+    for scale in (6.0, 4.0, 2.0, 0.05):  # top-p's cut in the first head, the second, the third, past all
+        logits = torch.randn(len(options) * 2, vocab, generator=gen) * scale
+        params = options * 2
+        kept = torch.isfinite(_filter(logits.clone(), params))
+        assert torch.equal(kept, _sorted_reference(logits, params)), scale
+    assert taken == {*sampler.HEADS, "sorted"}

@@ -244,10 +244,10 @@ def _head_keep(logits: torch.Tensor, params: list, heads: tuple[int, ...] = HEAD
     in_k = torch.arange(head, device=dev)[None, :] < k
     vals = vals.masked_fill(~in_k, float("-inf"))
     # Probabilities after top-k: over the head when the row has a top-k (every kept token
-    # is in it), over the whole row otherwise.
-    lse = torch.where(has_k, torch.logsumexp(vals, dim=-1, keepdim=True),
-                      torch.logsumexp(logits, dim=-1, keepdim=True))
-    probs = torch.exp(vals - lse)
+    # is in it), over the whole row otherwise. (softmax, not exp(x - logsumexp): on a
+    # peaked row most exponentials are denormal, and torch's exp took 1.1 ms for 32 rows
+    # of 8,192 where softmax took 0.12.)
+    probs = torch.where(has_k, torch.softmax(vals, dim=-1), torch.softmax(logits, dim=-1).gather(1, order))
     top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
     # Keep a token while the mass before it is below top_p (the first always stays).
     head_keep = in_k & (((probs.cumsum(dim=-1) - probs) < top_p) | (top_p >= 1.0))

@@ -47,7 +47,8 @@ def filter_costs(top_p: float) -> None:
                   f"whole rows sorted {_ms(lambda: _filter_sorted(logits.clone(), params)):.3f} ms")
 
 
-def engine_costs(model: str, batch: int, temperature: float, top_p: float) -> None:
+def engine_costs(model: str, batch: int, temperature: float, top_p: float, repetition: float,
+                 presence: float) -> None:
     from pdmesh.config import EngineArgs
     from pdmesh.engine.llm_engine import LLMEngine
     from pdmesh.sampling_params import SamplingParams
@@ -63,7 +64,8 @@ def engine_costs(model: str, batch: int, temperature: float, top_p: float) -> No
 
     engine.runner.model.forward = timed
     rng = random.Random(0)
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=400, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, top_p=top_p, repetition_penalty=repetition,
+                            presence_penalty=presence, max_tokens=400, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"d{i}", [rng.randrange(10, 900) for _ in range(300)], params)
     while engine.scheduler.pending_prompt_tokens or engine.scheduler.num_waiting:
@@ -77,7 +79,8 @@ def engine_costs(model: str, batch: int, temperature: float, top_p: float) -> No
         engine.step()
         steps.append(time.perf_counter() - start)
     step, fwd = statistics.median(steps) * 1e3, statistics.median(forward) * 1e3
-    print(f"batch {batch}, temperature {temperature}, top_p {top_p}: step {step:.2f} ms, "
+    print(f"batch {batch}, temperature {temperature}, top_p {top_p}, repetition_penalty {repetition}, "
+          f"presence_penalty {presence}: step {step:.2f} ms, "
           f"forward {fwd:.2f} ms, rest {step - fwd:.2f} ms (medians of 200 steps)")
 
 
@@ -88,11 +91,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
     args = p.parse_args()
     if args.part == "filter":
         filter_costs(args.top_p)
     else:
-        engine_costs(args.model, args.batch, args.temperature, args.top_p)
+        engine_costs(args.model, args.batch, args.temperature, args.top_p, args.repetition_penalty,
+                     args.presence_penalty)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Lifecycle (the methods below, in this order):
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
   3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token,
                 streamed at once where its text is certain (first_token.py); one that is
-                unreachable is marked down and the next attempt routes to another;
+                unreachable (marked down) or breaks the call (probed) is left for another;
   4. decode   — the decode worker's messages are relayed (over its token feed when open:
                 ``pdmesh/rpc/feed_sink.py``); if that worker fails mid-stream,
                 another continues from the tokens already streamed (``GenerateLocal`` with
@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PREFILL_ATTEMPTS = 3
-"""Routing attempts before the stream starts: an unreachable prefill worker, or a decode
-worker that is unreachable, full or loses the KV write, sends the request to another."""
+"""Routing attempts before the stream starts: a prefill worker that is unreachable or
+breaks the call, or a decode worker that does either, is full or loses the KV write, sends
+the request to another (the only decode worker: to it again)."""
 MIGRATE_ON = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED}) | PEER_FAILURE
 """Decode stream failures that move the request to another decode worker (the worker
 died, drained, lost its KV); the caller's own cancel never reaches here as one of them."""

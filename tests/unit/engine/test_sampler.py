@@ -157,3 +157,25 @@ def test_head_filter_keeps_what_sorting_the_whole_row_keeps(monkeypatch) -> None
         kept = torch.isfinite(_filter(logits.clone(), params))
         assert torch.equal(kept, _sorted_reference(logits, params)), scale
     assert taken == {*sampler.HEADS, "sorted"}
+
+
+def test_penalties_over_a_batch_equal_each_row_alone_as_tokens_are_appended() -> None:
+    """Rows of different lengths, ids past the logits' vocabulary, and a sequence whose
+    cached token tensor grows by one token a step: the batch's penalised logits are each
+    row's alone, step after step."""
+    gen = torch.Generator().manual_seed(4)
+    vocab = 40
+    params = [SamplingParams(repetition_penalty=1.3), SamplingParams(presence_penalty=0.5, frequency_penalty=0.2),
+              SamplingParams(temperature=0), SamplingParams(repetition_penalty=0.8, frequency_penalty=1.0)]
+    rows = [seq(p, torch.randint(0, vocab + 5, (3 + 4 * i,), generator=gen).tolist()) for i, p in enumerate(params)]
+    for _ in range(3):
+        logits = torch.randn(len(rows), vocab, generator=gen)
+        batch = logits.clone()
+        Sampler(())._apply_penalties(batch, rows)
+        for r, row in enumerate(rows):
+            alone = logits[r:r + 1].clone()
+            fresh = seq(row.params, row.token_ids[:row.prompt_len], row.token_ids[row.prompt_len:])
+            Sampler(())._apply_penalties(alone, [fresh])
+            assert torch.equal(batch[r], alone[0]), r
+        for row in rows:
+            row.token_ids.append(int(torch.randint(0, vocab, (1,), generator=gen)))

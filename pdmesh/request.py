@@ -109,9 +109,9 @@ class Sequence:
     """The draft model's distributions [k, vocab] for sampled requests (None: the drafts
     are deterministic, as n-gram lookup and greedy drafts are)."""
     token_tensor: Any = None
-    """``(token_ids, the same as a tensor)``, the tensor extended as tokens are appended
-    (``token_tensor`` in ``pdmesh/engine/sampler.py``: penalties read every token each
-    step)."""
+    """``(token_ids, the same as a tensor, its last token)``, the tensor extended as
+    tokens are appended (``token_tensor`` in ``pdmesh/engine/sampler.py``: penalties read
+    every token each step)."""
 
     def set_finished(self, status: SeqStatus) -> None:
         self.status = status

@@ -190,15 +190,14 @@ def token_tensor(row: SamplingRow, device: torch.device) -> torch.Tensor:
     ``RowView`` adds its draft tokens."""
     seq = row.seq if isinstance(row, RowView) else row
     ids = seq.token_ids
-    source, cached = getattr(seq, "token_tensor", None) or (None, None)
+    source, cached, last = getattr(seq, "token_tensor", None) or (None, None, None)
     n = 0 if cached is None else len(cached)
-    if (source is not ids or cached.device != device or n > len(ids)
-            or (n and int(cached[-1]) != ids[n - 1])):
+    if source is not ids or cached.device != device or n > len(ids) or (n and last != ids[n - 1]):
         cached = torch.tensor(ids, dtype=torch.long, device=device)
     elif n < len(ids):
         cached = torch.cat([cached, torch.tensor(ids[n:], dtype=torch.long, device=device)])
-    if isinstance(seq, Sequence):
-        seq.token_tensor = (ids, cached)
+    if isinstance(seq, Sequence):  # the last token kept as an int: no device read to check it
+        seq.token_tensor = (ids, cached, ids[-1] if ids else None)
     if isinstance(row, RowView) and row.extra:
         return torch.cat([cached, torch.tensor(row.extra, dtype=torch.long, device=device)])
     return cached

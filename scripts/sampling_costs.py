@@ -3,7 +3,7 @@
     .venv/bin/python scripts/sampling_costs.py filter            # top-p over synthetic rows
     .venv/bin/python scripts/sampling_costs.py engine --temperature 0.1 --top-p 0.95
 
-``filter``: ``_filter`` (heads, then a sort where needed) against ``_filter_sorted`` (the
+``filter``: ``filter_logits`` (heads, then a sort where needed) against ``filter_logits_sorted`` (the
 whole row sorted) on 32 rows of 8,192 and of 128,256 logits, from peaked to near-uniform,
 with how many tokens each row's nucleus holds. ``engine``: ``--batch`` requests of 300
 random tokens decoding on the default model; the median step, the median forward pass
@@ -32,7 +32,7 @@ def _ms(fn: Callable[[], object], n: int = 20) -> float:
 
 
 def filter_costs(top_p: float) -> None:
-    from pdmesh.engine.sampler import _filter, _filter_sorted
+    from pdmesh.engine.nucleus import filter_logits, filter_logits_sorted
     from pdmesh.sampling_params import SamplingParams
 
     params = [SamplingParams(temperature=0.8, top_p=top_p)] * 32
@@ -43,8 +43,8 @@ def filter_costs(top_p: float) -> None:
             cum = torch.softmax(logits, -1).sort(-1, descending=True).values.cumsum(-1)
             nucleus = int((cum < top_p).sum(-1).float().median()) + 1
             print(f"vocab {vocab}, logits x {scale} ({nucleus} tokens in the nucleus, median): "
-                  f"heads {_ms(lambda: _filter(logits.clone(), params)):.3f} ms, "
-                  f"whole rows sorted {_ms(lambda: _filter_sorted(logits.clone(), params)):.3f} ms")
+                  f"heads {_ms(lambda: filter_logits(logits.clone(), params)):.3f} ms, "
+                  f"whole rows sorted {_ms(lambda: filter_logits_sorted(logits.clone(), params)):.3f} ms")
 
 
 def engine_costs(model: str, batch: int, temperature: float, top_p: float, repetition: float,

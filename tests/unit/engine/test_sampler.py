@@ -1,6 +1,7 @@
 import torch
 
-from pdmesh.engine.sampler import Sampler, _filter
+from pdmesh.engine.nucleus import filter_logits
+from pdmesh.engine.sampler import Sampler
 from pdmesh.request import Sequence
 from pdmesh.sampling_params import SamplingParams
 
@@ -15,7 +16,7 @@ def seq(params: SamplingParams, prompt: list[int], out: list[int] = ()) -> Seque
 def test_top_k_top_p_min_p_masks() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
     params = [SamplingParams(top_k=2), SamplingParams(top_p=0.8), SamplingParams(min_p=0.25)]
-    kept = torch.isfinite(_filter(logits.clone(), params))
+    kept = torch.isfinite(filter_logits(logits.clone(), params))
     assert kept.tolist() == [
         [True, True, False, False],
         [True, True, False, False],  # 0.5 + 0.3 reaches 0.8: the third token is cut
@@ -135,28 +136,28 @@ def _sorted_reference(logits: torch.Tensor, params: list[SamplingParams]) -> tor
 
 
 def test_head_filter_keeps_what_sorting_the_whole_row_keeps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """``_filter`` looks at each row's best ``HEADS[0]`` tokens, then the next head's;
+    """``filter_logits`` looks at each row's best ``HEADS[0]`` tokens, then the next head's;
     rows whose top-p cut lies beyond them all (flat ones) are sorted whole. Whichever way,
     the kept tokens are the definition's, with every option alone and combined; the
     scales are chosen so that each way is taken (checked)."""
-    import pdmesh.engine.sampler as sampler
+    import pdmesh.engine.nucleus as nucleus
 
     taken: set[object] = set()
-    head_keep, whole = sampler._head_keep, sampler._filter_sorted
-    monkeypatch.setattr(sampler, "_head_keep", lambda lg, ps, heads=sampler.HEADS:
+    head_keep, whole = nucleus._head_keep, nucleus.filter_logits_sorted
+    monkeypatch.setattr(nucleus, "_head_keep", lambda lg, ps, heads=nucleus.HEADS:
                         taken.add(heads[0]) or head_keep(lg, ps, heads))
-    monkeypatch.setattr(sampler, "_filter_sorted", lambda lg, ps: taken.add("sorted") or whole(lg, ps))
+    monkeypatch.setattr(nucleus, "filter_logits_sorted", lambda lg, ps: taken.add("sorted") or whole(lg, ps))
     gen = torch.Generator().manual_seed(0)
-    vocab = 2 * sampler.HEADS[-1]
+    vocab = 2 * nucleus.HEADS[-1]
     options = [SamplingParams(top_k=40), SamplingParams(top_p=0.9), SamplingParams(min_p=0.05),
                SamplingParams(top_k=600, top_p=0.95), SamplingParams(top_p=0.8, min_p=0.02),
                SamplingParams(top_k=10, top_p=0.5, min_p=0.1), SamplingParams(temperature=0.7)]
     for scale in (6.0, 4.0, 2.0, 0.05):  # top-p's cut in the first head, the second, the third, past all
         logits = torch.randn(len(options) * 2, vocab, generator=gen) * scale
         params = options * 2
-        kept = torch.isfinite(_filter(logits.clone(), params))
+        kept = torch.isfinite(filter_logits(logits.clone(), params))
         assert torch.equal(kept, _sorted_reference(logits, params)), scale
-    assert taken == {*sampler.HEADS, "sorted"}
+    assert taken == {*nucleus.HEADS, "sorted"}
 
 
 def test_penalties_over_a_batch_equal_each_row_alone_as_tokens_are_appended() -> None:

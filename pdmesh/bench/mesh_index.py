@@ -54,12 +54,13 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
         rows.append(Row("index", f"lookup p50 ms ({n_blocks:,} blocks indexed, chains <= {chain})", 1000 * pct(lat, 0.5)))
         rows.append(Row("index", "lookup p99 ms", 1000 * pct(lat, 0.99)))
         rows.append(Row("router", "decisions/s (tokenize-free: hash + index + cache_aware)",
-                        asyncio.run(_decisions_per_second(args, mesh.redis_url, 1000 if not args.quick else 100))))
+                        asyncio.run(_decisions_per_second(args, mesh.redis_url, 1000 if not args.quick else 100,
+                                                          rng))))
     finally:
         mesh.stop_redis()
 
 
-async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int) -> float:
+async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int, rng: random.Random) -> float:
     from pdmesh.index.lookup import PrefixIndex
     from services.router.config import RouterConfig
     from services.router.core import RouterCore
@@ -73,7 +74,7 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
     core = RouterCore(cfg, registry, PrefixIndex(redis_url))
     from pdmesh.sampling_params import SamplingParams
 
-    prompts = [[random.randrange(10, 1000) for _ in range(512)] for _ in range(16)]
+    prompts = [[rng.randrange(10, 1000) for _ in range(512)] for _ in range(16)]
     params = SamplingParams()
     t0 = time.perf_counter()
     sem = asyncio.Semaphore(32)

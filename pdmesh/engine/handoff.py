@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdmesh.engine.sampler import consume_draw
+from pdmesh.engine.sampler import seeded_uniform
 from pdmesh.errors import CapacityError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.free_queue import KVBlock
@@ -88,7 +88,7 @@ class KVHandoff:
         if seq.generator is not None and not seq.params.greedy:
             # The prefill worker drew the first token from this seed: consume the same
             # draw so the rest matches an in-process run token for token.
-            consume_draw(seq.generator, eng.config.device)
+            seeded_uniform(seq.generator, eng.config.device)
         eng.start_running(seq, first_token, logprob)
 
     # -- prefill side -----------------------------------------------------------------

@@ -58,8 +58,7 @@ def _head_keep(logits: torch.Tensor, params: list, heads: tuple[int, ...] = HEAD
     # of 8,192 where softmax took 0.12.)
     probs = torch.where(has_k, torch.softmax(vals, dim=-1), torch.softmax(logits, dim=-1).gather(1, order))
     top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
-    # Keep a token while the mass before it is below top_p (the first always stays).
-    head_keep = in_k & (((probs.cumsum(dim=-1) - probs) < top_p) | (top_p >= 1.0))
+    head_keep = in_k & _within_top_p(probs, top_p)
     keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, order, head_keep)
     mass = probs.sum(dim=-1)
     covered = has_k[:, 0] | (mass >= top_p[:, 0])
@@ -89,5 +88,12 @@ def filter_logits_sorted(logits: torch.Tensor, params: list) -> torch.Tensor:  #
     sorted_logits.masked_fill_(torch.arange(vocab, device=dev)[None, :] >= k, neg_inf)
     probs = torch.softmax(sorted_logits, dim=-1)
     top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
-    sorted_logits.masked_fill_((probs.cumsum(-1) - probs) >= top_p, neg_inf)
+    sorted_logits.masked_fill_(~_within_top_p(probs, top_p), neg_inf)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _within_top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Over probabilities sorted best first: keep a token while the mass before it is
+    below its row's ``top_p`` (the first always stays; a row at 1 keeps every token, also
+    where rounding brings the mass before the last ones to 1)."""
+    return ((probs.cumsum(dim=-1) - probs) < top_p) | (top_p >= 1.0)

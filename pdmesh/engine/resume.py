@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdmesh.engine.sampler import consume_draw
+from pdmesh.engine.sampler import seeded_uniform
 from pdmesh.errors import InvalidRequestError
 from pdmesh.request import TokenLogprob
 
@@ -46,7 +46,7 @@ class Resume:
             if p.logprobs is not None:  # never emitted (the cursor is past them): placeholders
                 seq.logprobs.append(TokenLogprob(t, math.nan, 0, ()))
             if seq.generator is not None and not p.greedy:
-                consume_draw(seq.generator, device)
+                seeded_uniform(seq.generator, device)  # the number its sampling drew
         if self.text_chars > len(detok.text):
             raise InvalidRequestError("resume_text_chars", f"{self.text_chars} exceeds the text of the "
                                       f"resumed tokens ({len(detok.text)} characters)")

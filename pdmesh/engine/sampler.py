@@ -137,14 +137,14 @@ class Sampler:
         at = torch.tensor(rows, device=dev)
         rep = torch.tensor([seqs[i].params.repetition_penalty for i in rows], device=dev, dtype=logits.dtype)
         if bool((rep != 1.0).any()):
-            row, tok = _pairs([t.clamp_max(vocab - 1) for t in every], vocab)
+            row, tok = _pairs(every, vocab)
             vals, r = logits[at[row], tok], rep[row]
             logits[at[row], tok] = torch.where(vals > 0, vals / r, vals * r)
         freq = torch.tensor([seqs[i].params.frequency_penalty for i in rows], device=dev, dtype=logits.dtype)
         pres = torch.tensor([seqs[i].params.presence_penalty for i in rows], device=dev, dtype=logits.dtype)
         if bool((freq != 0).any() or (pres != 0).any()):
             outputs = [t[len(t) - seqs[i].num_output_tokens:] for t, i in zip(every, rows)]
-            row, tok, count = _pairs([t[t < vocab] for t in outputs], vocab, counts=True)
+            row, tok, count = _pairs(outputs, vocab, counts=True)
             vals = logits[at[row], tok] - freq[row] * count.to(logits.dtype)
             logits[at[row], tok] = vals - pres[row]
 
@@ -171,16 +171,18 @@ class Sampler:
 
 
 def _pairs(token_rows: list[torch.Tensor], vocab: int, counts: bool = False) -> tuple[torch.Tensor, ...]:
-    """The distinct (row, token) pairs of ``token_rows`` as two index tensors, and with
-    ``counts`` how often each occurs."""
+    """The distinct (row, token) pairs of ``token_rows`` as two index tensors; with
+    ``counts``, of the ids the logits cover, with how often each occurs (frequency and
+    presence count the output), else with ids past them taken as the last one (what the
+    repetition penalty has always done)."""
     device = token_rows[0].device
-    lengths = torch.tensor([len(t) for t in token_rows], device=device)
-    flat = torch.cat(token_rows) + torch.repeat_interleave(
-        torch.arange(len(token_rows), device=device) * vocab, lengths)
+    ids = torch.cat(token_rows)
+    offsets = torch.repeat_interleave(torch.arange(len(token_rows), device=device) * vocab,
+                                      torch.tensor([len(t) for t in token_rows], device=device))
     if counts:
-        keys, times = torch.unique(flat, return_counts=True)
+        keys, times = torch.unique((ids + offsets)[ids < vocab], return_counts=True)
         return keys // vocab, keys % vocab, times
-    keys = torch.unique(flat)
+    keys = torch.unique(ids.clamp_max(vocab - 1) + offsets)
     return keys // vocab, keys % vocab
 
 
@@ -191,14 +193,13 @@ def token_tensor(row: SamplingRow, device: torch.device) -> torch.Tensor:
     ``RowView`` adds its draft tokens."""
     seq = row.seq if isinstance(row, RowView) else row
     ids = seq.token_ids
-    source, cached, last = getattr(seq, "token_tensor", None) or (None, None, None)
+    source, cached, last = seq.token_tensor or (None, None, None)
     n = 0 if cached is None else len(cached)
     if source is not ids or cached.device != device or n > len(ids) or (n and last != ids[n - 1]):
         cached = torch.tensor(ids, dtype=torch.long, device=device)
     elif n < len(ids):
         cached = torch.cat([cached, torch.tensor(ids[n:], dtype=torch.long, device=device)])
-    if isinstance(seq, Sequence):  # the last token kept as an int: no device read to check it
-        seq.token_tensor = (ids, cached, ids[-1] if ids else None)
+    seq.token_tensor = (ids, cached, ids[-1] if ids else None)  # an int: no device read to check it
     if isinstance(row, RowView) and row.extra:
         return torch.cat([cached, torch.tensor(row.extra, dtype=torch.long, device=device)])
     return cached
@@ -219,20 +220,22 @@ def draw(probs: torch.Tensor, generators: Seq[Any]) -> torch.Tensor:
 
 
 def uniforms(generators: Seq[Any], device: torch.device) -> torch.Tensor:
-    """A float64 column of numbers in [0, 1), one per row: drawn from the row's generator
-    (``consume_draw`` advances one the same way), or from torch's for rows without."""
-    u = torch.rand(len(generators), 1, dtype=torch.float64, device=device)
+    """A float64 column of numbers in [0, 1), one per row: the row's ``seeded_uniform``,
+    or one of torch's for rows without a generator."""
+    n = len(generators)
+    u = (torch.rand(n, 1, dtype=torch.float64, device=device) if None in generators
+         else torch.empty(n, 1, dtype=torch.float64, device=device))
     for r, gen in enumerate(generators):
         if gen is not None:
-            u[r] = torch.rand(1, dtype=torch.float64, device=device, generator=gen)
+            u[r] = seeded_uniform(gen, device)
     return u
 
 
-def consume_draw(generator: Any, device: torch.device | str) -> None:
-    """Advance a seeded row's generator past one sampled token without sampling, as
-    ``draw`` would have: a request resumed from tokens another worker drew goes on with
-    exactly the tokens an uninterrupted run draws next."""
-    torch.rand(1, dtype=torch.float64, device=device, generator=generator)
+def seeded_uniform(generator: Any, device: torch.device | str) -> torch.Tensor:
+    """The number a seeded row draws for one token. Called without sampling, it advances
+    the generator past a token as ``draw`` would have: a request resumed from tokens
+    another worker drew goes on with exactly the tokens an uninterrupted run draws next."""
+    return torch.rand(1, dtype=torch.float64, device=device, generator=generator)
 
 
 def _token_logprob(row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:

@@ -46,7 +46,11 @@ PREFILL_ATTEMPTS = 3
 """Routing attempts before the stream starts: a prefill worker that is unreachable or
 breaks the call, or a decode worker that does either, is full or loses the KV write, sends
 the request to another (the only decode worker: to it again)."""
-MIGRATE_ON = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED}) | PEER_FAILURE
+WORKER_FAILED = frozenset({grpc.StatusCode.UNAVAILABLE}) | PEER_FAILURE
+"""A call that ends so failed at the worker (unreachable, or it broke the stream mid-call;
+gRPC reports some broken streams as INTERNAL), not at the request: worth another worker
+unless the caller itself left (``RequestFlow.worker_failed``)."""
+MIGRATE_ON = WORKER_FAILED | {grpc.StatusCode.ABORTED}
 """Decode stream failures that move the request to another decode worker (the worker
 died, drained, lost its KV); the caller's own cancel never reaches here as one of them."""
 
@@ -201,11 +205,10 @@ class RequestFlow:
                 call = self._migrate(exc)
 
     def worker_failed(self, exc: grpc.aio.AioRpcError) -> bool:
-        """``exc`` says the worker failed the call (unreachable, or it broke the stream
-        mid-call), not that the request is wrong or that its caller left: worth another
-        worker. gRPC reports some broken streams as INTERNAL; the chaos test saw 3 of
-        6,292 requests fail so before a prefill or ``Reserve`` call was tried again."""
-        return not self.aborted and (exc.code() == grpc.StatusCode.UNAVAILABLE or exc.code() in PEER_FAILURE)
+        """``exc`` is the worker's failure, not the request's or its caller's (the chaos
+        test saw 3 of 6,292 requests fail before a broken prefill or ``Reserve`` call was
+        tried again)."""
+        return exc.code() in WORKER_FAILED and not self.aborted
 
     def _streamed(self, resp: Any) -> None:
         """``resp`` goes to the caller: what a migration resumes from grows by it."""

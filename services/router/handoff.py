@@ -73,9 +73,9 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         handle = await reserve
     except grpc.aio.AioRpcError as exc:
         call.cancel()
-        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED and not flow.worker_failed(exc):
-            raise
-        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # full: nothing was reserved
+            if not flow.worker_failed(exc):
+                raise
             # The call may have broken after the worker reserved: give it back, or the
             # same request id tried there again is refused as already in flight.
             await reservation.give_back(d_stub, rid)

@@ -125,15 +125,12 @@ class Registry:
     def healthy(self, role: str) -> list[WorkerHandle]:
         return [w for w in self.workers if w.role == role and w.healthy]
 
-    def mark_down(self, handle: WorkerHandle) -> None:
-        """A call found ``handle`` unreachable: no new requests until its Info answers."""
-        handle.healthy = False
-
     def call_failed(self, handle: WorkerHandle, code: grpc.StatusCode) -> None:
-        """A request's call to ``handle`` failed with ``code``: unreachable marks it down,
-        full says nothing about its health, anything else makes it a suspect."""
+        """A request's call to ``handle`` failed with ``code``: unreachable marks it down
+        (no new requests until its Info answers), full says nothing about its health,
+        anything else makes it a suspect."""
         if code == grpc.StatusCode.UNAVAILABLE:
-            self.mark_down(handle)
+            handle.healthy = False
         elif code != grpc.StatusCode.RESOURCE_EXHAUSTED:
             self.suspect(handle)
 

@@ -95,14 +95,14 @@ def test_a_draw_never_lands_on_a_token_without_mass(monkeypatch) -> None:  # typ
         assert sampler.draw(probs, [None]).tolist() == [2 if u else 1]
 
 
-def test_consume_draw_advances_a_generator_as_a_draw_does() -> None:
+def test_seeded_uniform_advances_a_generator_as_a_draw_does() -> None:
     """What a resumed request relies on: skipping a token it did not sample leaves its
     generator where sampling it would have."""
-    from pdmesh.engine.sampler import consume_draw, draw
+    from pdmesh.engine.sampler import draw, seeded_uniform
 
     drawn, skipped = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     draw(torch.ones(1, 100), [drawn])
-    consume_draw(skipped, "cpu")
+    seeded_uniform(skipped, "cpu")
     assert torch.equal(torch.rand(4, generator=drawn), torch.rand(4, generator=skipped))
 
 

@@ -87,6 +87,18 @@ class RequestFlow:
     """Prompt tokens the router had sent its decode worker before this request."""
     decode_answered: bool = False
     """A decode worker's stream has sent a message (its reservation is claimed)."""
+    attempt: int = 0
+    """Which attempt at the workers this is: 0 first; a retry before the stream or a
+    migration starts the next."""
+
+    @property
+    def call_id(self) -> str:
+        """The request's id at the workers for the current attempt. A worker frees a call
+        the router cancelled when it notices the cancel, which a retry sent to the same
+        worker can beat: under one id the retry was refused as "already in flight"
+        (INVALID_ARGUMENT for the mesh's own retry). The caller only ever sees
+        ``request_id``."""
+        return self.request_id if not self.attempt else f"{self.request_id}~{self.attempt}"
 
     def decode_worker(self) -> WorkerHandle:
         if self.decode is None:
@@ -116,7 +128,8 @@ class RequestFlow:
         self.decode, self.decode_held = self.core.route_decode(self.hashes)
         self.decode.acquire()
         try:
-            for _ in range(PREFILL_ATTEMPTS):
+            for attempt in range(PREFILL_ATTEMPTS):
+                self.attempt = attempt
                 local = await self.route()
                 if local:
                     async for resp in self._decoded(self._decode_call("GenerateLocal", self.reserve_msg())):
@@ -161,7 +174,7 @@ class RequestFlow:
         """The first token straight from ``prefill_response`` where its text is certain
         (``first_token``), then the decode worker's stream; no ``Decode`` at all when that
         token ends the request."""
-        d_stub = decode_stub(self.decode_worker().address)
+        d_stub, rid = decode_stub(self.decode_worker().address), self.call_id
         relayed = first_token.early(prefill_response, self.params, len(self.prompt),
                                     max(handle.cached_tokens, prefill_response.cached_tokens))
         try:
@@ -170,7 +183,7 @@ class RequestFlow:
                 yield relayed
                 if relayed.finish_reason:
                     return  # it ends the request: the decode worker has nothing to add
-            call = self._decode_call("Decode", messages.decode_request(self.request_id, prefill_response, handle))
+            call = self._decode_call("Decode", messages.decode_request(rid, prefill_response, handle))
             async for resp in self._decoded(call, relayed):
                 yield resp
         finally:
@@ -178,7 +191,7 @@ class RequestFlow:
                 # No Decode claimed the reservation (none was needed, or the caller left or
                 # the call failed first, maybe before it reached the worker): give it back
                 # now, not at the end of its lease.
-                await reservation.give_back(d_stub, self.request_id)
+                await reservation.give_back(d_stub, rid)
 
     async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
         """Relay a decode stream (less ``relayed``, the first token when the caller has it
@@ -246,6 +259,7 @@ class RequestFlow:
         """Leave the failed decode worker (``replace_decode``) and resume the request."""
         self.replace_decode(exc, "mid-stream")
         self.core.migrations += 1
+        self.attempt += 1
         return self._decode_call("GenerateLocal", self.reserve_msg((self.streamed_tokens, self.streamed_chars)))
 
     # -- calls ------------------------------------------------------------------------
@@ -254,7 +268,7 @@ class RequestFlow:
         return self.core.feeds.start(self.decode_worker().address, method, msg, self.metadata, self.left())
 
     def reserve_msg(self, resume: tuple[list[int], int] | None = None) -> Any:
-        return messages.reserve_request(self.request_id, self.prompt, self.params, self.core.cfg.lease_ms, resume)
+        return messages.reserve_request(self.call_id, self.prompt, self.params, self.core.cfg.lease_ms, resume)
 
     def start_call(self, call: Any) -> Any:
         """Make ``call`` the one ``abort`` cancels; refuse to start it once aborted."""

@@ -64,7 +64,7 @@ async def reserve_and_prefill(flow: RequestFlow) -> tuple[Any, Any] | None:
 
 
 async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any) -> tuple[Any, Any] | None:
-    rid = flow.request_id
+    rid = flow.call_id
     call = prefill_stub(prefill.address).PrefillStream(metadata=flow.metadata, timeout=flow.left())
     reserve = d_stub.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
     flow.start_call(CallGroup((call, reserve)))

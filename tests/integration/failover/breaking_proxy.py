@@ -6,11 +6,14 @@ demand. This proxy forwards every call's bytes to the real worker and back, exce
 calls of a method whose ordinals ``breaks`` names (1 = its first call), which it ends
 with INTERNAL before forwarding anything, and those ``breaks_after`` names, which reach
 the worker and whose answer it replaces with INTERNAL (the worker acted; the caller
-cannot know).
+cannot know). ``cancel_delay_s`` passes a caller's cancel on that much later, as a worker
+busy or far away notices it late.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -22,10 +25,11 @@ _HOP_HEADERS = ("user-agent", "grpc-", ":")
 
 class BreakingProxy:
     def __init__(self, target: str, breaks: dict[str, set[int]],
-                 breaks_after: dict[str, set[int]] | None = None) -> None:
+                 breaks_after: dict[str, set[int]] | None = None, cancel_delay_s: float = 0.0) -> None:
         self.breaks = breaks
         """Method name (``Reserve``, ``PrefillStream``, ...) -> ordinals of its calls to break."""
         self.breaks_after = breaks_after or {}
+        self.cancel_delay_s = cancel_delay_s
         self.calls: dict[str, int] = {}
         self.broken: list[str] = []
         self._channel = grpc.insecure_channel(target)
@@ -46,13 +50,21 @@ class BreakingProxy:
 
     def forward(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_HOP_HEADERS)]
-        call: Any = self._channel.stream_stream(method)(requests, metadata=metadata,
+        call: Any = self._channel.stream_stream(method)(self._late(requests), metadata=metadata,
                                                          timeout=context.time_remaining())
-        context.add_callback(call.cancel)
+        context.add_callback(lambda: threading.Timer(self.cancel_delay_s, call.cancel).start())
         try:
             yield from call
         except grpc.RpcError as exc:
             context.abort(exc.code(), exc.details() or "")
+
+    def _late(self, requests: Iterator[bytes]) -> Iterator[bytes]:
+        """The caller's messages; its cancel reaches the worker ``cancel_delay_s`` late."""
+        try:
+            yield from requests
+        except grpc.RpcError:
+            time.sleep(self.cancel_delay_s)
+            raise
 
     def close(self) -> None:
         self._server.stop(grace=None)

@@ -22,7 +22,7 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
         # The third request's prefill answers after computing and writing its KV, and the
         # answer is lost.
         prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}},
-                                breaks_after={"PrefillStream": {5}})
+                                breaks_after={"PrefillStream": {5}}, cancel_delay_s=1.0)
         # The first request's retry goes local (no Reserve); the second's Reserve breaks
         # before the worker sees it, then after it reserved (the answer lost).
         decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}}, breaks_after={"Reserve": {3}})

@@ -110,7 +110,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                     help="strict | fallback_local: without a prefill worker, fail or prefill on decode "
                          "(default: fallback_local)")
     up.add_argument("--local-prefill-tokens", default=None,
-                    help="prompts with fewer uncached tokens prefill on the decode worker (default: 0 = never)")
+                    help="prompts with fewer tokens than this beyond what their decode worker caches "
+                         "prefill there (default: 0 = never)")
     up.add_argument("--prefill-busy-requests", default=None,
                     help="prefill on the decode worker when the prefill worker already has this many "
                          "of the router's prefills (default: 4 when the workers split this machine's "

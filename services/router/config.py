@@ -39,7 +39,8 @@ class RouterConfig(MeshContract, ServerConfig):
     """strict: fail (UNAVAILABLE) without a healthy prefill worker; fallback_local: the
     decode worker prefills itself, counted in RouterStats."""
     local_prefill_tokens: int = 0
-    """Prompts with fewer uncached tokens than this prefill on the decode worker (0 = never)."""
+    """Prompts with fewer tokens than this beyond what their decode worker was sent of them
+    before (its prefix cache) prefill on the decode worker (0 = never)."""
     prefill_busy_requests: int = 0
     """Conditional disaggregation: when the chosen prefill worker already has this many of
     this router's prefills in flight, prefill on the decode worker instead, so a prefill

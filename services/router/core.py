@@ -212,7 +212,10 @@ class RouterCore:
             if cfg.disaggregation == "strict":
                 raise UnavailableError("no healthy prefill worker (disaggregation=strict); retry later")
             return "no_prefill"
-        if cfg.local_prefill_tokens and len(ids) - choice.cached_tokens < cfg.local_prefill_tokens:
+        # Short by what the decode worker would compute: a prompt whose long prefix only
+        # the prefill worker holds computes a few tokens there and sends its KV, where
+        # "local" meant the decode worker computing the whole prefix again.
+        if cfg.local_prefill_tokens and len(ids) - decode_held < cfg.local_prefill_tokens:
             return "short_prompt"
         if not (cfg.prefill_busy_requests or cfg.prefill_busy_tokens):
             return ""

@@ -89,7 +89,12 @@ def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-de
     w = workers(1)[0]
     long_prompt = list(range(100))
     assert core.local_reason(Decision(w, "miss", 0), long_prompt) == ""
-    assert core.local_reason(Decision(w, "hit", 80), long_prompt) == "short_prompt"  # 20 uncached
+    # Short by what the decode worker would compute: 20 tokens beyond the 80 it holds ...
+    assert core.local_reason(Decision(w, "miss", 0), long_prompt, decode_held=80) == "short_prompt"
+    assert core.local_reason(None, long_prompt[:20]) == "no_prefill"
+    assert core.local_reason(Decision(w, "miss", 0), long_prompt[:20]) == "short_prompt"
+    # ... not by what the prefill worker holds: the decode worker would compute all 100.
+    assert core.local_reason(Decision(w, "hit", 80), long_prompt) == ""
     w.in_flight = 2
     assert core.local_reason(Decision(w, "miss", 0), long_prompt) == "prefill_busy"
     assert core.local_reason(None, long_prompt) == "no_prefill"

@@ -1,5 +1,6 @@
 """One line per engine step, when ``PDMESH_STEP_LOG`` names a file: what the step ran and
-how long its forward pass took.
+how long its forward pass took. Each process writes ``FILE.PID``: a mesh's workers inherit
+the variable, and one shared file interleaved their lines with nothing to tell them apart.
 
 A served worker schedules differently from the same engine driven in process (requests
 arrive over milliseconds, a step starts before the rest of a burst has come), and the
@@ -32,7 +33,7 @@ class StepLog:
     @classmethod
     def from_env(cls) -> StepLog | None:
         path = os.environ.get(ENV, "")
-        return cls(path) if path else None
+        return cls(f"{path}.{os.getpid()}") if path else None
 
     def record(self, sched: SchedulerOutput, prompt_tokens: int, seconds: float, waiting: int) -> None:
         """A step whose forward pass just ended, ``seconds`` after it started."""

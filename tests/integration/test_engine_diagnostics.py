@@ -4,6 +4,7 @@ shows (which ``pdmesh bench serve``'s CPU accounting reads)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -24,8 +25,8 @@ def _engine(llama_dir: Path) -> LLMEngine:
 
 def test_the_step_log_has_one_line_per_step_with_its_prompt_tokens_and_decode_rows(
         llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    log = tmp_path / "steps.tsv"
-    monkeypatch.setenv(ENV, str(log))
+    monkeypatch.setenv(ENV, str(tmp_path / "steps.tsv"))
+    log = tmp_path / f"steps.tsv.{os.getpid()}"  # one file per process
     engine = _engine(llama_dir)
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     engine.add_request("a", list(range(5, 25)), params)

@@ -17,8 +17,10 @@ class Relay:
     """Turns each delta output into a ``GenerateResponse`` and records, on the way, what the
     request's span and the worker's metrics say about it (first token, finish, cache)."""
 
-    def __init__(self, core: WorkerCore, request_id: str, span: Any) -> None:
+    def __init__(self, core: WorkerCore, request_id: str, span: Any, prefills: bool) -> None:
         self.core, self.request_id, self.span = core, request_id, span
+        self.prefills = prefills
+        """The prompt is computed here (a local prefill), not written by a prefill worker."""
         self.total = 0
         self.timer = core.request_metrics.stream()
 
@@ -39,6 +41,10 @@ class Relay:
     def _finished(self, out: RequestOutput) -> None:
         cached = out.metrics.num_cached_tokens
         self.core.counters.cached_prompt_tokens += cached
+        if self.prefills:
+            # A local prefill's cost, as a prefill worker counts its own: without it a decode
+            # worker that prefilled read as computing nothing (hit rate 1.0 in its metrics).
+            self.core.counters.computed_prompt_tokens += max(0, len(out.prompt_token_ids) - cached)
         reason = out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown"
         self.timer.done(reason)
         self.span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": self.total,

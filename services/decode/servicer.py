@@ -119,7 +119,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             def commit() -> None:
                 core.engine.handoff.commit(rid, request.first_token_id, lp, request.cached_tokens)
 
-            async for resp in self._send(rid, commit, span, request.feed_id):
+            async for resp in self._send(rid, commit, span, request.feed_id, prefills=False):
                 yield resp
         finally:
             span.end()
@@ -141,7 +141,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             self.core.engine.add_request(rid, ids, params, resume=resume)
 
         try:
-            async for resp in self._send(rid, start, span, request.feed_id):
+            async for resp in self._send(rid, start, span, request.feed_id, prefills=True):
                 yield resp
         finally:
             span.end()
@@ -157,11 +157,13 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             log.warning("a call named token feed %s, which is not open here: streaming on the call", feed_id)
         return feed
 
-    async def _send(self, rid: str, start: Callable[[], None], span: Any,
-                    feed_id: str) -> AsyncIterator[generate_pb2.GenerateResponse]:
+    async def _send(self, rid: str, start: Callable[[], None], span: Any, feed_id: str,
+                    prefills: bool) -> AsyncIterator[generate_pb2.GenerateResponse]:
         """Start the request; its messages are yielded on its own call, or pushed onto the
-        feed its caller named (then the call ends without a message of its own)."""
-        relay, feed = Relay(self.core, rid, span), self._feed(feed_id)
+        feed its caller named (then the call ends without a message of its own).
+        ``prefills``: this worker computes the prompt (``GenerateLocal``), not a prefill
+        worker."""
+        relay, feed = Relay(self.core, rid, span, prefills), self._feed(feed_id)
         async for out in self.core.aeng.stream(rid, start):
             if feed is None:
                 yield relay(out)

@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-arg", action="append", default=[],
                    help="an extra flag for the prefill workers, e.g. --prefill-arg=--max-num-batched-tokens=512 "
                         "(repeatable; default: none)")
+    p.add_argument("--router-arg", action="append", default=[],
+                   help="an extra flag for the router, applied under every policy, e.g. "
+                        "--router-arg=--local-prefill-tokens=128 (repeatable; default: none)")
     p.add_argument("--think-s", type=float, default=MeshRunSpec.think_s, help="(default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
     p.add_argument("--seeds", type=int, default=1,
@@ -69,6 +72,7 @@ def run_route_mesh(args: argparse.Namespace) -> None:
     traffic = build_traffic(replace(traffic_from_arguments(args, TRAFFIC), groups=max(1, args.groups), vocab=vocab))
     spec = MeshRunSpec(args.model, args.dtype, args.prefill, args.decode, kvstore=args.kvstore, pool_factor=args.pool_factor,
                        inflight_prompts=args.inflight_prompts, prefill_args=tuple(args.prefill_arg),
+                       router_args=tuple(args.router_arg),
                        think_s=args.think_s, slo_s=args.slo_ms / 1000, seed=args.seed)
     bs = spec.block_size
     print(f"traffic: {len(traffic.jobs)} requests ({len(traffic.starts)} starts), {traffic.prompt_tokens} prompt "

@@ -49,6 +49,8 @@ class MeshRunSpec:
     seed: int = 0
     prefill_args: tuple[str, ...] = ()
     """Extra flags for the prefill workers (e.g. a smaller ``--max-num-batched-tokens``)."""
+    router_args: tuple[str, ...] = ()
+    """Extra flags for the router under every policy (e.g. ``--local-prefill-tokens``)."""
 
 
 @dataclass
@@ -59,10 +61,13 @@ class WorkerCounts:
     kv_bytes_sent: int = 0
     """KV written to decode workers (a decode worker holding a conversation's earlier
     turns receives only the new blocks)."""
+    role: str = "prefill"
+    """A decode worker's ``computed`` is its local prefills' (``--router-arg`` rules); its
+    ``cached`` also counts what prefill workers sent, so only ``computed`` is read."""
 
     def minus(self, other: WorkerCounts) -> WorkerCounts:
         return WorkerCounts(self.computed - other.computed, self.cached - other.cached,
-                            self.fetched - other.fetched, self.kv_bytes_sent - other.kv_bytes_sent)
+                            self.fetched - other.fetched, self.kv_bytes_sent - other.kv_bytes_sent, self.role)
 
 
 def prefill_pool_blocks(traffic: Traffic, spec: MeshRunSpec) -> int:
@@ -95,12 +100,13 @@ def decode_pool_blocks(traffic: Traffic, spec: MeshRunSpec) -> int:
     return max(2048, len(traffic.starts) * longest)
 
 
-async def _counts(addresses: list[str]) -> list[WorkerCounts]:
+async def _counts(addresses: list[tuple[str, str]]) -> list[WorkerCounts]:
+    """``(address, role)`` -> each worker's counters."""
     from pdmesh.rpc.clients import fetch_info
 
-    infos = [await fetch_info(a, timeout=10) for a in addresses]
-    return [WorkerCounts(i.computed_prompt_tokens, i.cached_prompt_tokens, i.kvstore_fetched_tokens, i.kv_bytes_sent)
-            for i in infos]
+    infos = [(await fetch_info(a, timeout=10), role) for a, role in addresses]
+    return [WorkerCounts(i.computed_prompt_tokens, i.cached_prompt_tokens, i.kvstore_fetched_tokens, i.kv_bytes_sent,
+                         role) for i, role in infos]
 
 
 async def drive(address: str, traffic: Traffic, rate: float, think_s: float, seed: int
@@ -157,12 +163,12 @@ def run_policy(traffic: Traffic, spec: MeshRunSpec, policy: str, starts_rate: fl
                          worker_args=worker, prefill_args=["--num-blocks", str(pool), *spec.prefill_args],
                          decode_args=["--num-blocks", str(decode_pool_blocks(traffic, spec))],
                          router_args=["--prefill-policy", policy, "--decode-policy", decode_policy,
-                                      "--info-interval-s", "0.2"],
+                                      "--info-interval-s", "0.2", *spec.router_args],
                          log_dir=log_dir, share_cores=False)
     # Fixed core shares: a worker lending its share measures cheaper and draws the work
     # (tests/integration/mesh/conftest.py); this compares routing, not lending.
     with Mesh(mesh_spec) as mesh:
-        addresses = [p.address for p in mesh.prefill]
+        addresses = [(p.address, "prefill") for p in mesh.prefill] + [(d.address, "decode") for d in mesh.decode]
         warm = build_traffic(TrafficSpec(num_requests=2, groups=1, prefix_len=16, suffix_len=16, chat_share=0,
                                          output_len=2, vocab=traffic.spec.vocab, seed=traffic.spec.seed + 99))
 
@@ -180,13 +186,19 @@ def run_policy(traffic: Traffic, spec: MeshRunSpec, policy: str, starts_rate: fl
 def summarize(policy: str, load: float, traffic: Traffic, spec: MeshRunSpec, records: dict[int, Record],
               seconds: float, counts: list[WorkerCounts]) -> dict[str, Any]:
     ok = [r for r in records.values() if r.ok and r.first is not None]
-    computed = sum(c.computed for c in counts)
-    fetched = sum(c.fetched for c in counts)
-    own = sum(c.cached for c in counts) - fetched  # fetched blocks count as cached on arrival
+    prefill = [c for c in counts if c.role == "prefill"]
+    local = sum(c.computed for c in counts if c.role == "decode")
+    computed = sum(c.computed for c in prefill) + local
+    fetched = sum(c.fetched for c in prefill)
+    own = sum(c.cached for c in prefill) - fetched  # fetched blocks count as cached on arrival
+    # Hit columns cover the prompts prefill workers served and what local prefills
+    # computed (their cached part is not told apart on a decode worker); computed tokens
+    # are every worker's.
     return report.summarize(
         policy, spec.prefill, load, [r.first - r.start for r in ok], computed + own + fetched, own, fetched,
-        traffic.oracle_computed(spec.block_size), [c.computed for c in counts], seconds, spec.slo_s,
-        kv_mib_sent=round(sum(c.kv_bytes_sent for c in counts) / 2**20, 1),
+        traffic.oracle_computed(spec.block_size), [c.computed for c in prefill], seconds, spec.slo_s,
+        local_computed_tokens=local,
+        kv_mib_sent=round(sum(c.kv_bytes_sent for c in prefill) / 2**20, 1),
         failed=len(traffic.jobs) - len(ok), errors=dict(Counter(r.error.partition(":")[0] for r in records.values()
                                                                  if r.error)),
         seconds=round(seconds, 1),

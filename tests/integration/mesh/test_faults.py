@@ -122,9 +122,12 @@ def test_fallback_local_prefills_on_decode_and_counts_it(llama_dir: Path, tmp_pa
                     log_dir=str(tmp_path))
     with Mesh(spec) as mesh, Client(mesh.router_address) as c:
         prompt = mixed_prompts(3, seed=71)[2]
-        assert c.complete(prompt, max_tokens=6, temperature=0).token_ids == hf_refs["llama"].greedy(prompt, 6)
+        out = c.complete(prompt, max_tokens=6, temperature=0)
+        assert out.token_ids == hf_refs["llama"].greedy(prompt, 6)
         stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
         assert stats.local_prefills == 1 and stats.decisions["local/no_prefill"] == 1
-        wait_idle(mesh)
+        # The decode worker counts the prompt it computed, as a prefill worker would.
+        decode = wait_idle(mesh)["decode-0"]
+        assert decode.computed_prompt_tokens == out.prompt_tokens - out.cached_tokens > 0
 
 

@@ -19,8 +19,10 @@ def test_route_mesh_accounts_for_every_prompt_token_and_cache_aware_computes_les
         records, seconds, counts, reasons = run_policy(traffic, spec, policy, 20.0, str(tmp_path / policy))
         assert len(records) == len(traffic.jobs) and all(r.ok for r in records.values()), \
             [r.error for r in records.values() if r.error]
-        # Every prompt was prefilled once on a prefill worker: computed + cached = its tokens.
-        assert sum(c.computed + c.cached for c in counts) == traffic.prompt_tokens
+        # Every prompt was prefilled once on a prefill worker: computed + cached = its tokens,
+        # and the decode worker computed none itself.
+        assert sum(c.computed + c.cached for c in counts if c.role == "prefill") == traffic.prompt_tokens
+        assert [c.computed for c in counts if c.role == "decode"] == [0]
         # The router's own count: each job and the two warm-up requests, one decision each.
         assert sum(n for k, n in reasons.items() if k.startswith(f"{policy}/")) == len(traffic.jobs) + 2
         rows[policy] = summarize(policy, 0.5, traffic, spec, records, seconds, counts)

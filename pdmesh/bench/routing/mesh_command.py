@@ -113,8 +113,9 @@ def run_route_mesh(args: argparse.Namespace) -> None:
             rows.append(row)
             requests[key] = per_request(run_traffic, records)
             cdfs[key] = sorted(r.first - r.start for r in records.values() if r.ok and r.first is not None)
-            print(report.table([row]).splitlines()[-1] + f"   KV {row['kv_mib_sent']} MiB, failed "
-                  f"{row['failed']} {reasons}", flush=True)
+            print(report.table([row]).splitlines()[-1] + f"   TPOT p50 / p90 {row['tpot_p50_ms']:.1f} / "
+                  f"{row['tpot_p90_ms']:.1f} ms, KV {row['kv_mib_sent']} MiB, failed {row['failed']} {reasons}",
+                  flush=True)
     measured = [r for r in rows if not r.get("capacity_run")]
     print()
     print(report.table(rows))

@@ -26,6 +26,7 @@ from typing import Any
 from pdmesh.bench.routing import report
 from pdmesh.bench.routing.traffic import Job, Traffic, TrafficSpec, build_traffic
 from pdmesh.bench.serve.targets import GrpcTarget, Record
+from pdmesh.bench.stats import pct
 
 POLICIES = "round_robin,least_loaded,cache_aware"
 
@@ -186,6 +187,7 @@ def run_policy(traffic: Traffic, spec: MeshRunSpec, policy: str, starts_rate: fl
 def summarize(policy: str, load: float, traffic: Traffic, spec: MeshRunSpec, records: dict[int, Record],
               seconds: float, counts: list[WorkerCounts]) -> dict[str, Any]:
     ok = [r for r in records.values() if r.ok and r.first is not None]
+    tpots = [(r.end - r.first) / (r.output_tokens - 1) for r in ok if r.end is not None and r.output_tokens > 1]
     prefill = [c for c in counts if c.role == "prefill"]
     local = sum(c.computed for c in counts if c.role == "decode")
     computed = sum(c.computed for c in prefill) + local
@@ -198,6 +200,8 @@ def summarize(policy: str, load: float, traffic: Traffic, spec: MeshRunSpec, rec
         policy, spec.prefill, load, [r.first - r.start for r in ok], computed + own + fetched, own, fetched,
         traffic.oracle_computed(spec.block_size), [c.computed for c in prefill], seconds, spec.slo_s,
         local_computed_tokens=local,
+        # What prefilling on the decode worker costs the requests decoding there.
+        **{f"tpot_p{q}_ms": 1000 * pct(tpots, q / 100) if tpots else float("nan") for q in (50, 90)},
         kv_mib_sent=round(sum(c.kv_bytes_sent for c in prefill) / 2**20, 1),
         failed=len(traffic.jobs) - len(ok), errors=dict(Counter(r.error.partition(":")[0] for r in records.values()
                                                                  if r.error)),

@@ -141,7 +141,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             self.core.engine.add_request(rid, ids, params, resume=resume)
 
         try:
-            async for resp in self._send(rid, start, span, request.feed_id, prefills=True):
+            # A resumed request's prompt hits are not known here (its tokens are outputs
+            # already): its recompute is left out of the prompt counters, not guessed.
+            async for resp in self._send(rid, start, span, request.feed_id, prefills=resume is None):
                 yield resp
         finally:
             span.end()

@@ -204,9 +204,11 @@ class RouterCore:
             self.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
             self.prefill_router.recent.remember(hashes, choice.worker.worker_id)
 
-    def local_reason(self, choice: Decision | None, ids: list[int], decode_held: int = 0) -> str:
+    def local_reason(self, choice: Decision | None, ids: list[int], decode_held: int = 0,
+                     decode: WorkerHandle | None = None) -> str:
         """Why this request prefills on its decode worker ("" = it does not).
-        ``decode_held``: leading prompt tokens sent to its decode worker before it."""
+        ``decode_held``: leading prompt tokens sent to its decode worker before it;
+        ``decode``: that worker, whose queued prompt tokens the busy rule weighs."""
         cfg = self.cfg
         if choice is None:
             if cfg.disaggregation == "strict":
@@ -227,7 +229,16 @@ class RouterCore:
         load = self._prefill_load(choice.worker)
         if choice.cached_tokens and load < FOLLOW_LIMIT:
             return ""
-        return "prefill_busy" if load >= 1 else ""
+        if load < 1:
+            return ""
+        # Busy is not enough: the decode worker must be the shorter wait, in prompt tokens
+        # queued plus what this prompt computes. Without it a burst sent everything past the
+        # rule there (4,608 of 6,656 prompt tokens of 64 shared-prefix prompts on 1 + 1), and
+        # the prefill worker sat idle while the decode worker caught up.
+        if decode is not None and (decode.queued_tokens + len(ids) - decode_held
+                                   >= choice.worker.queued_tokens + len(ids) - choice.cached_tokens):
+            return ""
+        return "prefill_busy"
 
     def _prefill_load(self, w: WorkerHandle) -> float:
         """How far the prefill worker is along the busy rules (>= 1: busy)."""

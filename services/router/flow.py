@@ -132,7 +132,7 @@ class RequestFlow:
                 self.attempt = attempt
                 local = await self.route()
                 if local:
-                    async for resp in self._decoded(self._decode_call("GenerateLocal", self.reserve_msg())):
+                    async for resp in self._local():
                         yield resp
                     return
                 first = await self.reserve_and_prefill()
@@ -152,7 +152,7 @@ class RequestFlow:
         span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
                                   candidates=len(core.workers.healthy("prefill")))
         choice = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
-        reason = core.local_reason(choice, self.prompt, self.decode_held)
+        reason = core.local_reason(choice, self.prompt, self.decode_held, decode)
         span.set_attributes({
             "pdmesh.policy": core.prefill_router.policy.name,
             "pdmesh.prefill": choice.worker.worker_id if choice else "",
@@ -164,6 +164,19 @@ class RequestFlow:
         self.prefill = choice
         core.settle_route(choice, reason, self.hashes)
         return reason
+
+    async def _local(self) -> AsyncIterator[Any]:
+        """Prefill and decode on the decode worker, its prompt work counted there until the
+        first token (what the busy rule weighs against the prefill worker's queue)."""
+        decode, work = self.decode_worker(), max(0, len(self.prompt) - self.decode_held)
+        decode.pending_tokens += work
+        try:
+            async for resp in self._decoded(self._decode_call("GenerateLocal", self.reserve_msg())):
+                decode.pending_tokens -= work
+                work = 0
+                yield resp
+        finally:
+            decode.pending_tokens -= work
 
     async def reserve_and_prefill(self) -> tuple[Any, Any] | None:
         """Prefill on the chosen worker into a reservation on the decode worker:

@@ -129,6 +129,13 @@ def test_under_conditional_disaggregation_a_prompt_follows_its_prefix(llama_dir)
     assert core.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == "prefill_busy"
     w.pending_tokens, w.in_flight = 0, int(FOLLOW_LIMIT * 4)
     assert core.local_reason(Decision(w, "hit", 512), prompt) == "prefill_busy"
+    # Busy, but the decode worker's queue plus this prompt is no shorter: the prompt stays
+    # (a burst otherwise sent everything past the rule to the decode worker).
+    d = WorkerHandle("127.0.0.1:9100", "decode", healthy=True)
+    w.pending_tokens, w.in_flight, d.pending_tokens = 1000, 0, 1000
+    assert core.local_reason(Decision(w, "miss", 0), prompt, decode=d) == ""
+    d.pending_tokens = 999
+    assert core.local_reason(Decision(w, "miss", 0), prompt, decode=d) == "prefill_busy"
     # Without conditional disaggregation nothing of this applies.
     plain = RouterCore(RouterConfig(model=str(llama_dir)), Registry(cfg))
     assert plain.local_reason(Decision(w, "miss", 0), prompt, decode_held=512) == ""

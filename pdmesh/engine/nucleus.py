@@ -21,9 +21,9 @@ def filter_logits(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: 
     2 cores, 136 ms at a 128k vocabulary (docs/performance.md §20). A row's head is its
     ``max(HEADS[0], top_k)`` best tokens; top-p's cut is found there when the head holds at
     least ``top_p`` of the row's mass (after top-k, as always); a row where it does not
-    tries the next head, and is sorted whole past the last (``filter_logits_sorted``). min-p needs no order: a token is dropped
-    when its probability is below ``min_p`` times the best one's, i.e. its logit below
-    the best logit plus ``log(min_p)``."""
+    tries the next head, and is sorted whole past the last (``filter_logits_sorted``).
+    min-p needs no order: a token is dropped when its probability is below ``min_p`` times
+    the best one's, i.e. its logit below the best logit plus ``log(min_p)``."""
     need_k = any(p.top_k for p in params)
     need_p = any(p.top_p < 1.0 for p in params)
     need_min = any(p.min_p > 0 for p in params)
@@ -56,7 +56,13 @@ def _head_keep(logits: torch.Tensor, params: list, heads: tuple[int, ...] = HEAD
     # is in it), over the whole row otherwise. (softmax, not exp(x - logsumexp): on a
     # peaked row most exponentials are denormal, and torch's exp took 1.1 ms for 32 rows
     # of 8,192 where softmax took 0.12.)
-    probs = torch.where(has_k, torch.softmax(vals, dim=-1), torch.softmax(logits, dim=-1).gather(1, order))
+    with_k = sum(n < vocab for n in ks)  # from the list: no device read to decide
+    if with_k == len(ks):
+        probs = torch.softmax(vals, dim=-1)
+    elif with_k == 0:
+        probs = torch.softmax(logits, dim=-1).gather(1, order)
+    else:
+        probs = torch.where(has_k, torch.softmax(vals, dim=-1), torch.softmax(logits, dim=-1).gather(1, order))
     top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
     head_keep = in_k & _within_top_p(probs, top_p)
     keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, order, head_keep)

@@ -76,8 +76,8 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # full: nothing was reserved
             if not flow.worker_failed(exc):
                 raise
-            # The call may have broken after the worker reserved: give it back, or the
-            # same request id tried there again is refused as already in flight.
+            # The call may have broken after the worker reserved: give it back now, not
+            # at its lease's end (the next attempt has its own id: ``RequestFlow.call_id``).
             await reservation.give_back(d_stub, rid)
         flow.replace_decode(exc, "reserve")  # failed, or full: the next decode worker
         return None

@@ -1,10 +1,13 @@
 """What pdmesh's few-row linear kernel buys, and a pool layout that bought nothing.
 
-Three parts, each alternating its sides in one process (docs/performance.md, section 12):
+Three parts, each alternating its sides in one process (docs/performance.md, sections 12
+and 22):
   1. products over the default model's eight layers of weights (qkv, o, gate/up, down),
-     MKL's transposed product against ``linear_rows``, per row count;
+     MKL's transposed product against ``linear_rows`` and oneDNN's packed product (where
+     torch has it), per row count, beside the floor: reading each weight once (a sum);
   2. whole decode steps of one engine (128-token contexts), ``linear_rows`` on and off
-     (``KERNEL_MAX_ROWS`` 31 vs 0), per batch size (32 is a control: MKL on both sides);
+     (``KERNEL_MAX_ROWS`` 31 vs 0), per batch size (32 is a control: MKL on both sides),
+     with oneDNN off (``PDMESH_ONEDNN=0``: where it wins it would serve both sides);
   3. the paged decode attention kernel over a pool on 4 KiB pages against one advised to
      use transparent huge pages (batch 32, ~600-token contexts, scattered blocks).
 
@@ -14,6 +17,7 @@ Three parts, each alternating its sides in one process (docs/performance.md, sec
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import sys
 import time
@@ -23,7 +27,7 @@ import torch
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
-from pdmesh.model import layers
+from pdmesh.model import layers, onednn
 from pdmesh.sampling_params import SamplingParams
 
 KERNELS = load()
@@ -42,7 +46,8 @@ def best(fn, rounds: int = 3, n: int = 5) -> float:  # type: ignore[no-untyped-d
 
 def products() -> None:
     weights = [[torch.randn(o, i) * 0.02 for o, i in SHAPES] for _ in range(8)]
-    print("part 1: products over 8 layers' weights, ms (GFLOP/s)")
+    packed = {id(w): onednn.pack(w) for ws in weights for w in ws} if onednn.available() else {}
+    print("part 1: products over 8 layers' weights, ms (GFLOP/s); floor: summing each weight once")
     for rows in (1, 2, 4, 8, 12, 16, 20, 24, 31, 32, 64):
         xs = {i: torch.randn(rows, i) for _, i in SHAPES}
         flops = 2 * rows * sum(o * i for o, i in SHAPES) * 8
@@ -52,12 +57,20 @@ def products() -> None:
 
         mkl = best(run(lambda x, w: torch.mm(w, x.t()).t()))
         ours = best(run(KERNELS.linear_rows))
-        print(f"  {rows:3d} rows: MKL {mkl * 1e3:6.1f} ({flops / mkl / 1e9:3.0f})  linear_rows "
-              f"{ours * 1e3:6.1f} ({flops / ours / 1e9:3.0f})  {mkl / ours:.2f}x")
+        floor = best(run(lambda x, w: w.sum()))
+        line = (f"  {rows:3d} rows: MKL {mkl * 1e3:6.1f} ({flops / mkl / 1e9:3.0f})  linear_rows "
+                f"{ours * 1e3:6.1f} ({flops / ours / 1e9:3.0f})  {mkl / ours:.2f}x")
+        if packed:
+            dnn = best(run(lambda x, w: onednn.product(x, packed[id(w)], None)))
+            line += f"  oneDNN packed {dnn * 1e3:6.1f} ({flops / dnn / 1e9:3.0f})"
+        print(line + f"  floor {floor * 1e3:5.1f}")
 
 
 def decode_steps(model: str) -> None:
-    print("part 2: decode steps, 128-token contexts, ms per step (median of 5 alternations)")
+    # The engine would time oneDNN at start-up and, on machines where it wins (AVX-512),
+    # serve every row count with it: both sides below would then run oneDNN.
+    os.environ["PDMESH_ONEDNN"] = "0"
+    print("part 2: decode steps, 128-token contexts, ms per step (median of 5 alternations; oneDNN off)")
     for batch in (1, 4, 8, 16, 24, 31, 32):
         eng = LLMEngine(EngineArgs(model=model, dtype="float32", num_blocks=2048).engine_config())
         rng = random.Random(0)

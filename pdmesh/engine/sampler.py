@@ -135,18 +135,22 @@ class Sampler:
         dev = logits.device
         every = [token_tensor(seqs[i], dev) for i in rows]
         at = torch.tensor(rows, device=dev)
-        rep = torch.tensor([seqs[i].params.repetition_penalty for i in rows], device=dev, dtype=logits.dtype)
-        if bool((rep != 1.0).any()):
+        # Which penalties apply is decided from the parameters, not read back from a tensor.
+        reps = [seqs[i].params.repetition_penalty for i in rows]
+        if any(r != 1.0 for r in reps):
             row, tok = _pairs(every, vocab)
-            vals, r = logits[at[row], tok], rep[row]
-            logits[at[row], tok] = torch.where(vals > 0, vals / r, vals * r)
-        freq = torch.tensor([seqs[i].params.frequency_penalty for i in rows], device=dev, dtype=logits.dtype)
-        pres = torch.tensor([seqs[i].params.presence_penalty for i in rows], device=dev, dtype=logits.dtype)
-        if bool((freq != 0).any() or (pres != 0).any()):
+            target, r = at[row], torch.tensor(reps, device=dev, dtype=logits.dtype)[row]
+            vals = logits[target, tok]
+            logits[target, tok] = torch.where(vals > 0, vals / r, vals * r)
+        freqs = [seqs[i].params.frequency_penalty for i in rows]
+        presences = [seqs[i].params.presence_penalty for i in rows]
+        if any(freqs) or any(presences):
             outputs = [t[len(t) - seqs[i].num_output_tokens:] for t, i in zip(every, rows)]
             row, tok, count = _pairs(outputs, vocab, counts=True)
-            vals = logits[at[row], tok] - freq[row] * count.to(logits.dtype)
-            logits[at[row], tok] = vals - pres[row]
+            freq = torch.tensor(freqs, device=dev, dtype=logits.dtype)[row]
+            pres = torch.tensor(presences, device=dev, dtype=logits.dtype)[row]
+            target = at[row]
+            logits[target, tok] = logits[target, tok] - freq * count.to(logits.dtype) - pres
 
     def _apply_min_tokens(self, logits: torch.Tensor, seqs: Seq[SamplingRow]) -> None:
         for i, seq in enumerate(seqs):

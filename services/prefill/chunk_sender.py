@@ -28,7 +28,7 @@ class ChunkSender:
         self.rid = rid
         self.destination = destination
         self.dest: KvDestination | None = None
-        """Set once the destination came and this worker is connected to it."""
+        """Set once the destination came and this worker first connected to it."""
         self.timeout = timeout
         self.sent = 0
         """Prompt blocks [first_block, sent) are on the decode worker."""
@@ -54,12 +54,18 @@ class ChunkSender:
             self._wake.set()
 
     async def _connect(self) -> KvDestination:
-        """The destination, once it came (at most ``timeout``) and NIXL reaches it."""
+        """The destination, once it came (at most ``timeout``) and NIXL reaches it.
+
+        The connection is checked again before every write, with nothing awaited between
+        the check and the write's start: another request's failed write to the same
+        decode worker drops the peer (``TransferRunner``), and a write this request
+        started on the old connection would fail to start, failing a second request
+        for the first one's fault."""
+        dest = self.dest or await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
+        await self.core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
         if self.dest is None:
-            dest = await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
-            await self.core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
             self.dest, self.sent = dest, dest.first_block
-        return self.dest
+        return dest
 
     async def _run(self) -> None:
         try:

@@ -38,6 +38,9 @@ class KVStoreTier:
         self.failures = 0
 
     async def _connect(self) -> str:
+        """The store's NIXL peer, connected. Called right before each transfer with nothing
+        awaited between: another transfer's failure may have dropped the peer meanwhile
+        (``TransferRunner``), and a transfer to a dropped peer fails to start."""
         if not self.peer or not self.core.transport.has_peer(self.peer):
             info = await self.client.info()
             await self.core.ensure_peer(info.worker_id, self.client.address, 2.0, kvstore=True)
@@ -66,7 +69,6 @@ class KVStoreTier:
             return 0
         started = time.perf_counter()
         try:
-            peer = await self._connect()
             slots = await self.client.lookup(hashes[local:], int(self.timeout * 1000), tracing.outgoing(ctx))
         except _FAILURES as exc:
             self._failed("lookup", exc)
@@ -77,6 +79,7 @@ class KVStoreTier:
             return 0
         ok = False
         try:
+            peer = await self._connect()
             await core.transfers.read(peer, [b.block_id for b in blocks], slots, self.timeout)
             ok = True
         except _FAILURES as exc:
@@ -100,7 +103,6 @@ class KVStoreTier:
             return
         meta = tracing.outgoing(ctx)
         try:
-            peer = await self._connect()
             reservation, slots = await self.client.reserve(hashes, meta)
         except _FAILURES as exc:
             self._failed("reserve", exc)
@@ -109,6 +111,7 @@ class KVStoreTier:
         ok = False
         try:
             if pairs:
+                peer = await self._connect()
                 await core.transfers.write(peer, [b for b, _ in pairs], [s for _, s in pairs], self.timeout)
             ok = True
         except _FAILURES as exc:

@@ -1,6 +1,7 @@
 """Paged attention on CPU with pdmesh's fused C++ kernels (``csrc/``).
 
-KV writes are the torch backend's. Decode tokens attend straight over the block tables
+KV writes go row by row into their slots (``kv_write.cpp``; torch's two advanced-index
+assignments per layer cost more than the copy itself, section 23). Decode tokens attend straight over the block tables
 instead of gathering and permuting every context per layer, which the profile showed to
 cost more than the attention math itself (docs/performance.md, section 10); float32
 prefill chunks likewise read their cached prefix where it lies, all of a step's chunks in
@@ -29,6 +30,11 @@ class CPUAttentionBackend(TorchAttentionBackend):
             if built else None
         """The prefill kernel's query rows per tile and float32 lanes per vector; None
         where it was not built (no AVX2)."""
+
+    def write_kv(
+        self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> None:
+        self.kernels.write_kv_(kv_layer, k, v, meta.slot_blocks, meta.slot_offsets)
 
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float

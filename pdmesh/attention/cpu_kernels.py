@@ -23,7 +23,7 @@ from pdmesh.errors import PdmeshError
 log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).parent / "csrc" / f
                 for f in ("module.cpp", "paged_attention.cpp", "paged_prefill.cpp", "elementwise.cpp",
-                          "linear_rows.cpp"))
+                          "linear_rows.cpp", "kv_write.cpp"))
 HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h",))
 
 

@@ -117,13 +117,18 @@ class LlamaForCausalLM(nn.Module):
         everywhere when ``always``, in oneDNN's layout (``pdmesh.model.onednn``). Where it
         wins for every row count the original weights are never read again and are freed
         (the embedding's, which a tied LM head shares, stays); otherwise both copies stay."""
+        mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
+        fused = {id(m) for mlp in mlps for m in (mlp.gate, mlp.up)}
         linears = [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]
+        own = [m for m in linears if id(m) not in fused]
         head = self._head_weight()
         plan = onednn.choose([m.weight for m in linears] + [head],
                              lambda x, w: linear(x, w, few_rows=self.few_rows), KERNEL_MAX_ROWS, always)
         if plan.any:
-            for m in linears:
+            for m in own:
                 m.packed = (onednn.pack(m.weight), plan)
+            for mlp in mlps:
+                mlp.fuse_packed(plan)
             self.head_packed = (onednn.pack(head), plan)
         if plan.few and plan.many:
             for m in [*linears, *([self.lm_head] if self.lm_head is not None else [])]:

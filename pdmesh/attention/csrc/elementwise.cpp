@@ -10,6 +10,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "vec_math.h"
@@ -83,10 +84,28 @@ void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   });
 }
 
+namespace {
+
+// out[i] = silu(g[i]) * u[i] for i < n (out may be g). silu(x) = x / (1 + e^-x), as torch
+// computes it; e^-x is vectorised on AVX2 (vec_math.h), within 2 ulp of expf.
+inline void silu_mul_span(const float* g, const float* u, float* out, int64_t n) {
+  int64_t i = 0;
+#ifdef PDMESH_AVX2
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = pdmesh::exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+}  // namespace
+
 // gate = silu(gate) * up, in place, for float32 tensors of the same shape and strides with
 // no gaps (the row-major products of long prefill chunks and the transposed ones of
-// decode alike): one pass instead of two, and no temporary. silu(x) = x / (1 + e^-x), as
-// torch computes it; e^-x is vectorised on AVX2 (vec_math.h), within 2 ulp of expf.
+// decode alike): one pass instead of two, and no temporary.
 void silu_mul_(at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.scalar_type() == at::kFloat && up.scalar_type() == at::kFloat, "silu_mul_: float32 only");
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.strides() == up.strides() && gate.is_non_overlapping_and_dense(),
@@ -94,15 +113,28 @@ void silu_mul_(at::Tensor& gate, const at::Tensor& up) {
   float* g = gate.data_ptr<float>();
   const float* u = up.data_ptr<float>();
   at::parallel_for(0, gate.numel(), 4096, [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-#ifdef PDMESH_AVX2
-    const __m256 one = _mm256_set1_ps(1.f);
-    for (; i + 8 <= end; i += 8) {
-      const __m256 x = _mm256_loadu_ps(g + i);
-      const __m256 e = pdmesh::exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-      _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < end; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    silu_mul_span(g + begin, u + begin, g + begin, end - begin);
   });
+}
+
+// silu(gate) * up into a new [rows, n] tensor, from one product's [rows, 2n] output whose
+// row holds gate then up (the fused gate/up weight, ``GatedMLP.gate_up``): the halves are
+// strided, so the in-place form above cannot take them, and the down product wants its
+// input contiguous anyway.
+at::Tensor silu_mul_halves(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.scalar_type() == at::kFloat && gate_up.stride(1) == 1 &&
+                  gate_up.size(1) % 2 == 0,
+              "silu_mul_halves: gate_up must be float32 [rows, 2n] with contiguous rows");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2, ld = gate_up.stride(0);
+  at::Tensor out = at::empty({rows, n}, gate_up.options());
+  const float* g = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, rows * n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end;) {  // the part of each row in [begin, end)
+      const int64_t r = i / n, c = i - r * n, len = std::min(n - c, end - i);
+      silu_mul_span(g + r * ld + c, g + r * ld + n + c, o + i, len);
+      i += len;
+    }
+  });
+  return out;
 }

@@ -9,6 +9,9 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const a
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void silu_mul_(at::Tensor& gate, const at::Tensor& up);
+void write_kv_(at::Tensor& kv_layer, const at::Tensor& k, const at::Tensor& v, const at::Tensor& blocks,
+               const at::Tensor& offsets);
+at::Tensor silu_mul_halves(const at::Tensor& gate_up);
 #ifdef PDMESH_AVX2
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w);
 void paged_prefill_(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& tables,
@@ -23,6 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, nogil, "RMSNorm of float32 rows in one pass (CPU)");
   m.def("rope_", &rope_, nogil, "rotary embedding in place, rotate-half form (CPU, float32)");
   m.def("silu_mul_", &silu_mul_, nogil, "gate = silu(gate) * up in place (CPU, float32)");
+  m.def("write_kv_", &write_kv_, nogil, "a step's K and V rows into their slots of the paged pool (CPU)");
+  m.def("silu_mul_halves", &silu_mul_halves, nogil, "silu(gate) * up from one [rows, 2n] product (CPU, float32)");
 #ifdef PDMESH_AVX2
   // Only where it is built for: the model keeps MKL's product everywhere else.
   m.def("linear_rows", &linear_rows, nogil, "x @ w.T for a few rows of x (CPU, float32, AVX2)");

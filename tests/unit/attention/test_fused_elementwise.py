@@ -84,6 +84,21 @@ def test_silu_times_up_matches_the_reference_in_place(rows: int) -> None:
     torch.testing.assert_close(big, expected, rtol=2e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_silu_times_up_from_one_products_halves_matches_the_reference(rows: int) -> None:
+    # A row of 2 x 203 (a scalar tail in each half), read from a wider buffer's rows, and
+    # a work split (4096 elements) that falls inside rows at 300.
+    torch.manual_seed(rows)
+    wide = torch.randn(rows, 2 * 203 + 10) * 3
+    both = wide[:, 4 : 4 + 2 * 203]
+    gate, up = both[:, :203], both[:, 203:]
+    got = KERNELS.silu_mul_halves(both)
+    assert got.is_contiguous() and got.shape == (rows, 203)
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-6)
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        KERNELS.silu_mul_halves(both.t())
+
+
 def test_silu_times_up_refuses_mismatched_layouts() -> None:
     gate, up = torch.randn(4, 8), torch.randn(8, 4).t()
     with pytest.raises(RuntimeError, match="share shape and dense strides"):

@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from pdmesh import LLM, SamplingParams
+from pdmesh.attention.cpu_kernels import load
 from pdmesh.model import onednn
-from pdmesh.model.layers import KERNEL_MAX_ROWS, Linear, linear
+from pdmesh.model.layers import KERNEL_MAX_ROWS, GatedMLP, Linear, linear
 from tests.conftest import mixed_prompts
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN (mkldnn)")
+KERNELS = load()
 
 
 @pytest.mark.parametrize("rows", [1, 7, KERNEL_MAX_ROWS, 64, 300])
@@ -26,6 +28,23 @@ def test_the_packed_product_matches_f_linear(rows: int) -> None:
     # A transposed view (what ``linear``'s few-row path returns) is read as the rows it is.
     torch.testing.assert_close(linear(x.t().contiguous().t(), weight, None, packed=(onednn.pack(weight), plan)),
                                x @ weight.t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_the_mlp_with_gate_and_up_packed_as_one_matches_two_products(rows: int) -> None:
+    torch.manual_seed(rows)
+    mlp = GatedMLP(64, 160, bias=True)
+    x = torch.randn(rows, 64)
+    reference = mlp(x)
+    mlp.fuse_packed(onednn.LinearPlan(few=True, many=True))
+    for kernels in (None, KERNELS):
+        mlp.kernels = kernels
+        torch.testing.assert_close(mlp(x), reference, rtol=1e-5, atol=1e-5)
+    # A regime the plan leaves out keeps the two products.
+    mlp.fuse_packed(onednn.LinearPlan(few=False, many=True))
+    mlp.gate.weight.data.zero_()  # the separate gate now gives silu(0) = 0; the packed copy would not
+    mlp.gate.bias.data.zero_()
+    assert torch.equal(mlp(x[:1]), mlp.down(torch.zeros(1, 160)))
 
 
 def test_a_plan_is_taken_only_where_it_pays() -> None:
@@ -44,6 +63,7 @@ def test_greedy_matches_transformers_with_onednn_everywhere(monkeypatch, llama_d
     assert model.head_packed is not None and model.head_packed[1].few and model.head_packed[1].many
     # Used for every row count: only oneDNN's copy of the weights is kept.
     assert all(m.weight.numel() == 0 for m in model.modules() if isinstance(m, Linear))
+    assert all(m.gate_up is not None for m in model.modules() if isinstance(m, GatedMLP))  # one product
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
     want = [hf_refs["llama"].greedy(p, 24) for p in prompts]
     assert [o.outputs[0].token_ids for o in outs] == want

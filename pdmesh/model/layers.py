@@ -28,6 +28,14 @@ product at 1 to 31 sequences; at 32, 48 and 64, where MKL's kernel is at its bes
 gave 0.91-0.98x, at 40 1.09x (docs/performance.md, section 12)."""
 
 
+GATE_UP_BLOCK_BYTES = 16 << 20
+"""The fused gate/up product of a long prefill chunk runs this many bytes of output at a
+time: whole, a 2,048-token chunk's [2048, 4096] float32 output (32 MiB) is past the size
+the allocator keeps for reuse, and every layer then faulted in fresh pages (262k minor
+faults and 23% more time per prompt step on the default model; docs/performance.md,
+section 23)."""
+
+
 FewRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``linear_rows(x, weight) -> x @ weight.T`` from the CPU kernels (``csrc/linear_rows.cpp``)."""
 Packed = tuple[torch.Tensor, onednn.LinearPlan]
@@ -190,14 +198,20 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None and x.dim() == 2 and takes_packed(x, self.gate_up):
-            both = onednn.product(x, self.gate_up[0], self.gate_up_bias)
-            if self.kernels is not None:
-                return self.down(self.kernels.silu_mul_halves(both))
-            gate, up = both.chunk(2, dim=-1)
-            return self.down(nn.functional.silu(gate).mul_(up))
+            rows = max(64, GATE_UP_BLOCK_BYTES // (2 * self.down.in_features * x.element_size()))
+            if x.shape[0] <= rows:
+                return self._fused(x)
+            return torch.cat([self._fused(part) for part in x.split(rows)])
         gate, up = self.gate(x), self.up(x)
         if self.kernels is not None and gate.dtype == torch.float32 and gate.stride() == up.stride():
             self.kernels.silu_mul_(gate, up)  # one pass, in place
             return self.down(gate)
         # silu into a fresh tensor, then multiply in place: one large temporary, not two.
+        return self.down(nn.functional.silu(gate).mul_(up))
+
+    def _fused(self, x: torch.Tensor) -> torch.Tensor:
+        both = onednn.product(x, self.gate_up[0], self.gate_up_bias)  # type: ignore[index]
+        if self.kernels is not None:
+            return self.down(self.kernels.silu_mul_halves(both))
+        gate, up = both.chunk(2, dim=-1)
         return self.down(nn.functional.silu(gate).mul_(up))

@@ -9,7 +9,7 @@ import torch
 
 from pdmesh import LLM, SamplingParams
 from pdmesh.attention.cpu_kernels import load
-from pdmesh.model import onednn
+from pdmesh.model import layers, onednn
 from pdmesh.model.layers import KERNEL_MAX_ROWS, GatedMLP, Linear, linear
 from tests.conftest import mixed_prompts
 
@@ -31,7 +31,8 @@ def test_the_packed_product_matches_f_linear(rows: int) -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 5, 300])
-def test_the_mlp_with_gate_and_up_packed_as_one_matches_two_products(rows: int) -> None:
+def test_the_mlp_with_gate_and_up_packed_as_one_matches_two_products(rows: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(layers, "GATE_UP_BLOCK_BYTES", 1)  # 64 rows at a time: 300 in five blocks
     torch.manual_seed(rows)
     mlp = GatedMLP(64, 160, bias=True)
     x = torch.randn(rows, 64)

@@ -58,9 +58,9 @@ class ChunkSender:
 
         The connection is checked again before every write, with nothing awaited between
         the check and the write's start: another request's failed write to the same
-        decode worker drops the peer (``TransferRunner``), and a write this request
-        started on the old connection would fail to start, failing a second request
-        for the first one's fault."""
+        decode worker drops the peer (``TransferRunner``), and a write posted after
+        that on the strength of an earlier check would fail to start: a second request
+        failed for the first one's fault."""
         dest = self.dest or await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
         await self.core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
         if self.dest is None:

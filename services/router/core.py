@@ -235,9 +235,11 @@ class RouterCore:
         # queued plus what this prompt computes. Without it a burst sent everything past the
         # rule there (4,608 of 6,656 prompt tokens of 64 shared-prefix prompts on 1 + 1), and
         # the prefill worker sat idle while the decode worker caught up.
-        if decode is not None and (decode.queued_tokens + len(ids) - decode_held
-                                   >= choice.worker.queued_tokens + len(ids) - choice.cached_tokens):
-            return ""
+        if decode is not None:
+            here = decode.queued_tokens + len(ids) - decode_held
+            there = choice.worker.queued_tokens + len(ids) - choice.cached_tokens
+            if here >= there:
+                return ""
         return "prefill_busy"
 
     def _prefill_load(self, w: WorkerHandle) -> float:

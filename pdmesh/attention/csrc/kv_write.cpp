@@ -49,14 +49,16 @@ void write_kv_(at::Tensor& kv_layer, const at::Tensor& k, const at::Tensor& v, c
     scalar_t* pool = kv_layer.data_ptr<scalar_t>();
     const int64_t s_block = kv_layer.stride(0), s_kv = kv_layer.stride(1), s_tok = kv_layer.stride(2),
                   s_head = kv_layer.stride(3);
-    const at::Tensor* parts[2] = {&k, &v};
+    // K then V: each one's base pointer and strides, read once rather than per row.
+    const scalar_t* src[2] = {k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>()};
+    const int64_t s_t[2] = {k.stride(0), v.stride(0)}, s_h[2] = {k.stride(1), v.stride(1)},
+                  s_d[2] = {k.stride(2), v.stride(2)};
     at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         for (int kv = 0; kv < 2; ++kv) {
-          const at::Tensor& x = *parts[kv];
-          const scalar_t* src = x.data_ptr<scalar_t>() + t * x.stride(0);
+          const scalar_t* row = src[kv] + t * s_t[kv];
           scalar_t* dst = pool + bp[t] * s_block + kv * s_kv + op[t] * s_tok;
-          for (int64_t h = 0; h < heads; ++h) copy_row(dst + h * s_head, src + h * x.stride(1), dim, x.stride(2));
+          for (int64_t h = 0; h < heads; ++h) copy_row(dst + h * s_head, row + h * s_h[kv], dim, s_d[kv]);
         }
       }
     });

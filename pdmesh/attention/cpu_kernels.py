@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).parent / "csrc" / f
                 for f in ("module.cpp", "paged_attention.cpp", "paged_prefill.cpp", "elementwise.cpp",
                           "linear_rows.cpp", "kv_write.cpp"))
-HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h",))
+HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h", "shared_rows.h"))
 
 
 class KernelsUnavailableError(PdmeshError):

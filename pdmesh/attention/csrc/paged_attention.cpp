@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "shared_rows.h"
 #include "vec_math.h"
 
 namespace {
@@ -91,6 +92,53 @@ struct Member {
   int64_t len;
 };
 
+#ifdef PDMESH_AVX2
+// Scores of tokens [t0, t1)'s whole quads for a shared run, computed across query rows:
+// each member's query heads for each KV head, transposed into tiles of V::W rows, meet a quad
+// of K rows in ``dot4_lanes``, which gives every row exactly dot4's result (shared_rows.h).
+// One K element then serves a whole register of rows, where dot4 serves one row per load and
+// ends each (row, token) pair with horizontal sums.
+template <class V, int L>
+void scores_across_rows(const std::vector<Member>& members, const float* const* rows, int64_t t0, int64_t t1,
+                        int64_t span, int64_t group, int64_t dim, int64_t s_head, float scale) {
+  const int64_t n_rows = static_cast<int64_t>(members.size()) * group;  // per KV head
+  const int64_t tiles = (n_rows + V::W - 1) / V::W;
+  std::vector<float> qt(span * tiles * dim * V::W);
+  std::vector<float*> dst(span * tiles * V::W, nullptr);
+  const float* src[V::W];
+  for (int64_t kh = 0; kh < span; ++kh) {
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t at = kh * tiles + tile, n = std::min<int64_t>(V::W, n_rows - tile * V::W);
+      for (int64_t lane = 0; lane < n; ++lane) {
+        const int64_t i = tile * V::W + lane, r = kh * group + i % group;
+        const Member& m = members[i / group];
+        src[lane] = m.q + r * dim;
+        dst[at * V::W + lane] = m.scores + r * m.len;
+      }
+      pdmesh::transpose_rows<V>(src, static_cast<int>(n), dim, qt.data() + at * dim * V::W);
+    }
+  }
+  alignas(64) float out[4 * V::W];
+  for (int64_t t = t0; t + 4 <= t1; t += 4) {
+    if (t + 12 <= t1) {
+      for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], span * s_head);
+    }
+    for (int64_t kh = 0; kh < span; ++kh) {
+      const float* k[4] = {rows[t] + kh * s_head, rows[t + 1] + kh * s_head,
+                           rows[t + 2] + kh * s_head, rows[t + 3] + kh * s_head};
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t at = kh * tiles + tile, n = std::min<int64_t>(V::W, n_rows - tile * V::W);
+        pdmesh::dot4_lanes<V, L>(qt.data() + at * dim * V::W, k, dim, scale, out);
+        for (int64_t lane = 0; lane < n; ++lane) {
+          float* d = dst[at * V::W + lane] + t;
+          for (int u = 0; u < 4; ++u) d[u] = out[u * V::W + lane];
+        }
+      }
+    }
+  }
+}
+#endif
+
 // Scores of tokens [t0, t1) whose K rows ``rows[t]`` (the first KV head handled here) every
 // member shares: each quad of rows is loaded once and stays in L1 while every member's
 // query heads read it. A member's scores are the same bits whether its tokens are shared
@@ -102,6 +150,18 @@ void scores_of(const std::vector<Member>& members, const T* const* rows, int64_t
   int64_t t = t0;
 #ifdef PDMESH_AVX2
   if constexpr (std::is_same_v<T, float>) {
+    if (members.size() > 1 && dim % 8 == 0) {  // a shared run: across the rows, dot4's bits
+#ifdef __AVX512F__
+      if (dim % 16 == 0) {
+        scores_across_rows<pdmesh::V16, 16>(members, rows, t0, t1, span, group, dim, s_head, scale);
+      } else {
+        scores_across_rows<pdmesh::V16, 8>(members, rows, t0, t1, span, group, dim, s_head, scale);
+      }
+#else
+      scores_across_rows<pdmesh::V8, 8>(members, rows, t0, t1, span, group, dim, s_head, scale);
+#endif
+      t = t0 + (t1 - t0) / 4 * 4;
+    }
     if (dim % 8 == 0) {
       for (; t + 4 <= t1; t += 4) {
         if (t + 12 <= t1) {
@@ -198,12 +258,55 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
   }
 }
 
+#ifdef __AVX512F__
+// A shared run's weighted sums of V, four query rows at a time (``weighted_sum_rows``): each
+// V row is loaded once per four rows instead of once per row, from L2 as a rule (a 512-token
+// prefix's V rows for one KV head are 128 KiB). Each row's bits are weighted_sum's.
+inline void values_across_rows(const std::vector<Member>& members, const float* const* rows, int64_t t0,
+                               int64_t t1, int64_t span, int64_t group, int64_t dim, int64_t s_kv,
+                               int64_t s_head) {
+  constexpr int M = 4;
+  const int64_t n_rows = static_cast<int64_t>(members.size()) * group;
+  for (int64_t kh = 0; kh < span; ++kh) {
+    for (int64_t c = 0; c < dim; c += 64) {
+      for (int64_t i = 0; i < n_rows; i += M) {
+        const float* w[M];
+        float* acc[M];
+        const int64_t n = std::min<int64_t>(M, n_rows - i);
+        for (int64_t x = 0; x < n; ++x) {
+          const Member& m = members[(i + x) / group];
+          const int64_t r = kh * group + (i + x) % group;
+          w[x] = &m.scores[r * m.len];
+          acc[x] = &m.acc[r * dim + c];
+        }
+        const int64_t offset = s_kv + kh * s_head + c;
+        const bool prefetch = i == 0;  // the first reader of this head's rows
+        switch (n) {
+          case 4: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 4>(w, rows, offset, t0, t1, acc, prefetch); break;
+          case 3: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 3>(w, rows, offset, t0, t1, acc, prefetch); break;
+          case 2: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 2>(w, rows, offset, t0, t1, acc, prefetch); break;
+          default: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 1>(w, rows, offset, t0, t1, acc, prefetch);
+        }
+      }
+    }
+  }
+}
+#endif
+
 // Every member's weighted sums of V over tokens [t0, t1): row by row, so each row's
 // accumulators stay in registers; rows of a shared run are read from memory by the first
 // row and from cache by the others.
 template <typename T>
 void values_of(const std::vector<Member>& members, const T* const* rows, int64_t t0,
                int64_t t1, int64_t span, int64_t group, int64_t dim, int64_t s_kv, int64_t s_head) {
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float>) {
+    if (members.size() > 1 && dim % 64 == 0) {
+      values_across_rows(members, rows, t0, t1, span, group, dim, s_kv, s_head);
+      return;
+    }
+  }
+#endif
   for (const Member& m : members) {
     for (int64_t kh = 0; kh < span; ++kh) {
       for (int64_t g = 0; g < group; ++g) {

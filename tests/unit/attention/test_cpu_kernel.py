@@ -85,20 +85,28 @@ def _shared_tables(members: list[int], shared_blocks: list[int], lens: list[int]
     return shared, private
 
 
-@pytest.mark.parametrize(("dtype", "heads"), [(torch.float32, 8), (torch.float32, 4), (torch.bfloat16, 8)])
-def test_sequences_sharing_prefix_blocks_get_the_same_bits_as_with_copies(dtype: torch.dtype, heads: int) -> None:
+@pytest.mark.parametrize(("dtype", "heads", "dim"), [
+    (torch.float32, 8, D), (torch.float32, 4, D), (torch.bfloat16, 8, D),
+    (torch.float32, 8, 128),  # two 64-lane chunks of V
+    (torch.float32, 8, 40),   # not a multiple of sixteen: dot4's eight-lane sums
+])
+def test_sequences_sharing_prefix_blocks_get_the_same_bits_as_with_copies(dtype: torch.dtype, heads: int,
+                                                                          dim: int) -> None:
     # The kernel reads a shared prefix's K/V rows once for every sequence whose table
-    # begins with them; each sequence's result must be exactly what it gets alone (same
-    # dot products, same order of additions), and match the torch reference.
-    members, blocks = [5, 1, 3, 2, 1], [6, 3, 2, 1, 0]
-    lens = [96, 100, 113, 128, 97, 60, 33, 40, 35, 19, 17, 5]
-    shared, private = _shared_tables(members, blocks, lens, 400, seed=3)
+    # begins with them, computing across the members' query rows; each sequence's result
+    # must be exactly what it gets alone (same dot products, same order of additions), and
+    # match the torch reference. The first group's 24 query rows per KV head span more
+    # than one register of rows, the others end in part-filled ones.
+    members, blocks = [12, 5, 1, 3, 2, 1], [4, 6, 3, 2, 1, 0]
+    lens = [70, 64, 90, 66, 80, 75, 99, 101, 67, 88, 71, 65,
+            96, 100, 113, 128, 97, 60, 33, 40, 35, 19, 17, 5]
+    shared, private = _shared_tables(members, blocks, lens, 600, seed=3)
     g = torch.Generator().manual_seed(4)
-    pool = torch.randn(400, 2, BS, HKV, D, generator=g).to(dtype)
+    pool = torch.randn(600, 2, BS, HKV, dim, generator=g).to(dtype)
     for s_row, p_row in zip(shared, private):  # the copies hold the shared blocks' data
         for a, b in zip(s_row, p_row):
             pool[b] = pool[a]
-    q = torch.randn(len(lens), heads, D, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
     width = max(len(r) for r in shared)
 
     def meta(rows: list[list[int]]) -> AttentionMetadata:
@@ -107,16 +115,16 @@ def test_sequences_sharing_prefix_blocks_get_the_same_bits_as_with_copies(dtype:
                                  decode_seq_lens=torch.tensor(lens))
 
     backend = CPUAttentionBackend()
-    together = backend._decode(q, pool, meta(shared), D**-0.5)
-    alone = backend._decode(q, pool, meta(private), D**-0.5)
+    together = backend._decode(q, pool, meta(shared), dim**-0.5)
+    alone = backend._decode(q, pool, meta(private), dim**-0.5)
     assert torch.equal(together, alone)
-    ref = TorchAttentionBackend()._decode(q, pool, meta(shared), D**-0.5)
+    ref = TorchAttentionBackend()._decode(q, pool, meta(shared), dim**-0.5)
     tol = 2e-6 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(together.float(), ref.float(), atol=tol, rtol=tol)
     for threads in (1, 3):  # how the items fall on threads changes nothing either
         previous = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            assert torch.equal(backend._decode(q, pool, meta(shared), D**-0.5), together)
+            assert torch.equal(backend._decode(q, pool, meta(shared), dim**-0.5), together)
         finally:
             torch.set_num_threads(previous)

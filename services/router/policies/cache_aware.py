@@ -40,6 +40,20 @@ class Estimate:
     """Prompt tokens it would fetch from the kvstore."""
 
 
+def first_free(misses: list[Estimate]) -> list[Estimate]:
+    """Of workers within the tolerance that hold none of the prompt, those expected to start
+    it first: the fewest queued tokens and, of equal queues, the one whose current work
+    began earliest (idle workers all; the caller hashes among them). Hashing among all of
+    them placed such misses at random, and on uniform traffic that lost to round robin's
+    alternation (docs/routing.md); a miss has no prefix to keep in one place, and a new
+    prefix's later requests follow it through the recent routes."""
+    fewest = min(e.worker.queued_tokens for e in misses)
+    shortest = [e for e in misses if e.worker.queued_tokens == fewest]
+    if fewest == 0 or len(shortest) == 1:
+        return shortest
+    return [min(shortest, key=lambda e: e.worker.started_at if e.worker.pending_tokens else float("inf"))]
+
+
 class CacheAwarePolicy:
     name = "cache_aware"
 
@@ -102,6 +116,8 @@ class CacheAwarePolicy:
         # Keep the prompt where most of it already is: locally cached, then fetchable.
         most = max((e.cached + e.fetched, e.cached) for e in near)
         tied = [e for e in near if (e.cached + e.fetched, e.cached) == most]
+        if most == (0, 0) and len(tied) > 1:
+            tied = first_free(tied)
         best = tied[0]
         if len(tied) > 1:
             chosen = rendezvous_pick([e.worker for e in tied], ctx.routing_key)

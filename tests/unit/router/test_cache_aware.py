@@ -95,6 +95,30 @@ def test_the_kvstore_is_priced_per_fetched_token() -> None:
     assert d.worker.worker_id == "p1"
 
 
+def test_a_miss_near_several_workers_goes_to_the_one_that_frees_up_first() -> None:
+    # None of the prompt is anywhere and every estimate is within the tolerance (2,048,
+    # 1,924 and 2,024 tokens): the fewest queued tokens win (hashing would place such
+    # misses at random, behind round robin on uniform traffic); of equal queues, the
+    # worker whose current work began first. Idle workers still hash (test above).
+    a, b, c = worker(0, pending=1024), worker(1, pending=900), worker(2, pending=1000)
+    assert POLICY.choose([a, b, c], ctx({})).worker is b
+    b.pending_tokens = c.pending_tokens = 1024
+    a.started_at, b.started_at, c.started_at = 5.0, 3.0, 4.0
+    assert POLICY.choose([a, b, c], ctx({})).worker is b
+    b.started_at = 6.0
+    d = POLICY.choose([a, b, c], ctx({}))
+    assert (d.worker, d.reason) == (c, "miss")
+
+
+def test_started_at_is_when_the_work_in_progress_began() -> None:
+    w = worker(0)
+    w.acquire(256, now=1.0)  # idle: this request starts now
+    w.acquire(256, now=2.0)  # queued behind it: the work in progress began at 1.0
+    assert w.started_at == 1.0
+    w.release(256, now=3.0)  # the first finished, the second began
+    assert (w.started_at, w.released_at, w.pending_tokens) == (3.0, 3.0, 256)
+
+
 def test_equal_estimates_follow_rendezvous_hashing_and_index_down_the_ring() -> None:
     ws = [worker(i) for i in range(4)]
     assert POLICY.choose(ws, ctx({})).worker is rendezvous_pick(ws, HASHES[0])

@@ -41,17 +41,18 @@ class Estimate:
 
 
 def first_free(misses: list[Estimate]) -> list[Estimate]:
-    """Of workers within the tolerance that hold none of the prompt, those expected to start
-    it first: the fewest queued tokens and, of equal queues, the one whose current work
-    began earliest (idle workers all; the caller hashes among them). Hashing among all of
-    them placed such misses at random, and on uniform traffic that lost to round robin's
-    alternation (docs/routing.md); a miss has no prefix to keep in one place, and a new
-    prefix's later requests follow it through the recent routes."""
-    fewest = min(e.worker.queued_tokens for e in misses)
-    shortest = [e for e in misses if e.worker.queued_tokens == fewest]
-    if fewest == 0 or len(shortest) == 1:
-        return shortest
-    return [min(shortest, key=lambda e: e.worker.started_at if e.worker.pending_tokens else float("inf"))]
+    """Of workers within the tolerance that hold none of the prompt, those to hash among:
+    all of them, unless every one has the same work queued and some, when the one whose
+    current work began earliest frees up first and takes it. With prompts of one length
+    that is the common case under load (a request in service on each worker), and hashing
+    there placed misses at random: in the simulator, behind round robin's alternation on
+    uniform traffic (docs/routing.md). Unequal queues still hash: there a prefix's place
+    is worth more than the smaller wait (choosing the shorter queue cost the real mesh
+    prompt tokens computed twice on shared prefixes)."""
+    queued = {e.worker.queued_tokens for e in misses}
+    if len(queued) > 1 or 0 in queued:
+        return misses
+    return [min(misses, key=lambda e: e.worker.started_at if e.worker.pending_tokens else float("inf"))]
 
 
 class CacheAwarePolicy:

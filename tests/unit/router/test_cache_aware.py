@@ -95,19 +95,19 @@ def test_the_kvstore_is_priced_per_fetched_token() -> None:
     assert d.worker.worker_id == "p1"
 
 
-def test_a_miss_near_several_workers_goes_to_the_one_that_frees_up_first() -> None:
-    # None of the prompt is anywhere and every estimate is within the tolerance (2,048,
-    # 1,924 and 2,024 tokens): the fewest queued tokens win (hashing would place such
-    # misses at random, behind round robin on uniform traffic); of equal queues, the
-    # worker whose current work began first. Idle workers still hash (test above).
-    a, b, c = worker(0, pending=1024), worker(1, pending=900), worker(2, pending=1000)
-    assert POLICY.choose([a, b, c], ctx({})).worker is b
-    b.pending_tokens = c.pending_tokens = 1024
+def test_a_miss_among_equal_queues_goes_to_the_worker_that_frees_up_first() -> None:
+    # None of the prompt is anywhere and three workers have the same 1,024 tokens queued:
+    # the one whose current work began first takes it (hashing would place such misses at
+    # random, behind round robin on uniform traffic). Unequal queues within the tolerance
+    # and idle workers still hash (the test below).
+    a, b, c = worker(0, pending=1024), worker(1, pending=1024), worker(2, pending=1024)
     a.started_at, b.started_at, c.started_at = 5.0, 3.0, 4.0
     assert POLICY.choose([a, b, c], ctx({})).worker is b
     b.started_at = 6.0
     d = POLICY.choose([a, b, c], ctx({}))
     assert (d.worker, d.reason) == (c, "miss")
+    b.pending_tokens = 900  # queues no longer equal: hashing, as among idle workers
+    assert POLICY.choose([a, b, c], ctx({})).worker is rendezvous_pick([a, b, c], HASHES[0])
 
 
 def test_started_at_is_when_the_work_in_progress_began() -> None:

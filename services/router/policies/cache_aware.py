@@ -42,13 +42,13 @@ class Estimate:
 
 def first_free(misses: list[Estimate]) -> list[Estimate]:
     """Of workers within the tolerance that hold none of the prompt, those to hash among:
-    all of them, unless every one has the same work queued and some, when the one whose
-    current work began earliest frees up first and takes it. With prompts of one length
-    that is the common case under load (a request in service on each worker), and hashing
-    there placed misses at random: in the simulator, behind round robin's alternation on
-    uniform traffic (docs/routing.md). Unequal queues still hash: there a prefix's place
-    is worth more than the smaller wait (choosing the shorter queue cost the real mesh
-    prompt tokens computed twice on shared prefixes)."""
+    all of them, except where every one has the same nonzero work queued; then the one
+    whose current work began earliest frees up first, and it alone takes the prompt. With
+    prompts of one length that is the common case under load (a request in service on
+    each worker), and hashing there placed misses at random: in the simulator, behind
+    round robin's rotation on uniform traffic (docs/routing.md). Idle workers and unequal
+    queues still hash, which keeps a new prefix's place stable; taking the shorter of
+    unequal queues measured no better on shared prefixes (docs/routing.md)."""
     queued = {e.worker.queued_tokens for e in misses}
     if len(queued) > 1 or 0 in queued:
         return misses

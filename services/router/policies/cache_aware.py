@@ -40,21 +40,6 @@ class Estimate:
     """Prompt tokens it would fetch from the kvstore."""
 
 
-def first_free(misses: list[Estimate]) -> list[Estimate]:
-    """Of workers within the tolerance that hold none of the prompt, those to hash among:
-    all of them, except where every one has the same nonzero work queued; then the one
-    whose current work began earliest frees up first, and it alone takes the prompt. With
-    prompts of one length that is the common case under load (a request in service on
-    each worker), and hashing there placed misses at random: in the simulator, behind
-    round robin's rotation on uniform traffic (docs/routing.md). Idle workers and unequal
-    queues still hash, which keeps a new prefix's place stable; taking the shorter of
-    unequal queues measured no better on shared prefixes (docs/routing.md)."""
-    queued = {e.worker.queued_tokens for e in misses}
-    if len(queued) > 1 or 0 in queued:
-        return misses
-    return [min(misses, key=lambda e: e.worker.started_at if e.worker.pending_tokens else float("inf"))]
-
-
 class CacheAwarePolicy:
     name = "cache_aware"
 
@@ -117,8 +102,6 @@ class CacheAwarePolicy:
         # Keep the prompt where most of it already is: locally cached, then fetchable.
         most = max((e.cached + e.fetched, e.cached) for e in near)
         tied = [e for e in near if (e.cached + e.fetched, e.cached) == most]
-        if most == (0, 0) and len(tied) > 1:
-            tied = first_free(tied)
         best = tied[0]
         if len(tied) > 1:
             chosen = rendezvous_pick([e.worker for e in tied], ctx.routing_key)

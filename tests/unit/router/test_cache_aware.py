@@ -95,30 +95,6 @@ def test_the_kvstore_is_priced_per_fetched_token() -> None:
     assert d.worker.worker_id == "p1"
 
 
-def test_a_miss_among_equal_queues_goes_to_the_worker_that_frees_up_first() -> None:
-    # None of the prompt is anywhere and three workers have the same 1,024 tokens queued:
-    # the one whose current work began first takes it (hashing would place such misses at
-    # random, behind round robin on uniform traffic). Unequal queues within the tolerance
-    # and idle workers still hash (the test below).
-    a, b, c = worker(0, pending=1024), worker(1, pending=1024), worker(2, pending=1024)
-    a.started_at, b.started_at, c.started_at = 5.0, 3.0, 4.0
-    assert POLICY.choose([a, b, c], ctx({})).worker is b
-    b.started_at = 6.0
-    d = POLICY.choose([a, b, c], ctx({}))
-    assert (d.worker, d.reason) == (c, "miss")
-    b.pending_tokens = 900  # queues no longer equal: hashing, as among idle workers
-    assert POLICY.choose([a, b, c], ctx({})).worker is rendezvous_pick([a, b, c], HASHES[0])
-
-
-def test_started_at_is_when_the_work_in_progress_began() -> None:
-    w = worker(0)
-    w.acquire(256, now=1.0)  # idle: this request starts now
-    w.acquire(256, now=2.0)  # queued behind it: the work in progress began at 1.0
-    assert w.started_at == 1.0
-    w.release(256, now=3.0)  # the first finished, the second began
-    assert (w.started_at, w.released_at, w.pending_tokens) == (3.0, 3.0, 256)
-
-
 def test_equal_estimates_follow_rendezvous_hashing_and_index_down_the_ring() -> None:
     ws = [worker(i) for i in range(4)]
     assert POLICY.choose(ws, ctx({})).worker is rendezvous_pick(ws, HASHES[0])

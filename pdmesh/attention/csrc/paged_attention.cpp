@@ -47,13 +47,7 @@ inline void axpy(float a, const T* v, float* out, int64_t d) {
   for (int64_t i = 0; i < d; ++i) out[i] += a * static_cast<float>(v[i]);
 }
 
-// Asks for the cache lines of one token's row of ``n`` elements ahead of use: a block's
-// rows cross 4 KiB pages, where the hardware prefetcher stops, and blocks are scattered.
-template <typename T>
-inline void prefetch_row(const T* p, int64_t n) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
-}
+using pdmesh::prefetch_row;
 
 // Softmax of one row of scores, in place.
 inline void softmax_row(float* s, int64_t n) {
@@ -103,8 +97,11 @@ void scores_across_rows(const std::vector<Member>& members, const float* const* 
                         int64_t span, int64_t group, int64_t dim, int64_t s_head, float scale) {
   const int64_t n_rows = static_cast<int64_t>(members.size()) * group;  // per KV head
   const int64_t tiles = (n_rows + V::W - 1) / V::W;
-  std::vector<float> qt(span * tiles * dim * V::W);
-  std::vector<float*> dst(span * tiles * V::W, nullptr);
+  // Scratch kept per thread: this runs for every shared item of every layer's step.
+  thread_local std::vector<float> qt;
+  thread_local std::vector<float*> dst;
+  qt.resize(span * tiles * dim * V::W);
+  dst.assign(span * tiles * V::W, nullptr);
   const float* src[V::W];
   for (int64_t kh = 0; kh < span; ++kh) {
     for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -197,23 +194,12 @@ void scores_of(const std::vector<Member>& members, const T* const* rows, int64_t
 }
 
 #ifdef PDMESH_AVX2
-// acc[0, N W) += sum over t of w[t] * v_t[0, N W), the N accumulators held in registers
-// over every token (each FMA then costs one load, not a load, a load and a store).
+// acc[0, N W) += sum over t of w[t] * v_t[0, N W) for one row: ``weighted_sum_rows`` with
+// M = 1, the N accumulators held in registers over every token.
 template <class V, int N>
 inline void weighted_sum_regs(const float* w, const float* const* v, int64_t offset, int64_t t0,
                               int64_t t1, float* acc, bool prefetch) {
-  typename V::R a[N];
-#pragma GCC unroll 8
-  for (int j = 0; j < N; ++j) a[j] = V::load(acc + V::W * j);
-  for (int64_t t = t0; t < t1; ++t) {
-    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, V::W * N);
-    const float* row = v[t] + offset;
-    const typename V::R wt = V::set1(w[t]);
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) a[j] = V::fma(wt, V::load(row + V::W * j), a[j]);
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < N; ++j) V::store(acc + V::W * j, a[j]);
+  pdmesh::weighted_sum_rows<V, N, 1>(&w, v, offset, t0, t1, &acc, prefetch);
 }
 #endif
 

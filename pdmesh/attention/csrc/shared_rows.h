@@ -6,17 +6,29 @@
 //
 // What it must not change is a row's bits: a sequence's attention has to be the same
 // whether its prefix is shared with others or not (paged_attention.cpp computes the private
-// part of every context with dot4 and weighted_sum_regs). ``dot4_lanes`` therefore performs
-// dot4's exact arithmetic in each lane: the same FMA chains from zero over the same
-// elements, then the same tree of additions; ``weighted_sum_rows`` is weighted_sum_regs for
-// several rows at once, each row's FMAs in token order as before.
+// part of every context with dot4 and weighted_sum_rows for one row). ``dot4_lanes``
+// therefore performs dot4's exact arithmetic in each lane: the same FMA chains from zero
+// over the same elements, then the same tree of additions; ``weighted_sum_rows`` sums
+// several rows at once, each row's FMAs in token order as for one.
 #pragma once
+
+#include <cstdint>
 
 #include "vec_math.h"
 
-#ifdef PDMESH_AVX2
-#include <cstdint>
+namespace pdmesh {
 
+// Asks for the cache lines of one token's row of ``n`` elements ahead of use: a block's
+// rows cross 4 KiB pages, where the hardware prefetcher stops, and blocks are scattered.
+template <typename T>
+inline void prefetch_row(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
+}
+
+}  // namespace pdmesh
+
+#ifdef PDMESH_AVX2
 namespace pdmesh {
 
 // qt[x * V::W + lane] = rows[lane][x] for x < dim: up to V::W query rows transposed, so one
@@ -80,32 +92,35 @@ inline void dot4_lanes(const float* qt, const float* const k[4], int64_t dim, fl
   for (int u = 0; u < 4; ++u) V::store(out + u * V::W, V::mul(V::add(low[u], high[u]), s));
 }
 
-// acc[m][0, N W) += sum over t of w[m][t] * v_t[0, N W) for M rows at once: each V row is
-// loaded once for all M, and every row's FMAs run in token order with its accumulators in
-// registers, as in weighted_sum_regs (so each row has the same bits as there).
+// acc[m][0, N W) += sum over t of w[m][t] * v_t[0, N W) for M rows at once, the accumulators
+// held in registers over every token (each FMA then costs one load, not a load, a load and
+// a store). Each V row is loaded once for all M, and every row's FMAs run in token order, so
+// a row has the same bits whatever M it was summed with. M = 1 is the private path's sum.
 template <class V, int N, int M>
 inline void weighted_sum_rows(const float* const* w, const float* const* v, int64_t offset, int64_t t0,
                               int64_t t1, float* const* acc, bool prefetch) {
-  static_assert((M + 1) * N + 1 <= V::REGS, "accumulators, a row and a weight must fit the registers");
+  // With one row each load folds into its FMA; with several a row is held for all of them.
+  static_assert(M == 1 || (M + 1) * N + 1 <= V::REGS, "accumulators, a row and a weight must fit");
   using R = typename V::R;
   R a[M][N];
   for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) a[m][j] = V::load(acc[m] + V::W * j);
   }
   for (int64_t t = t0; t < t1; ++t) {
+    if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, V::W * N);
     const float* row = v[t] + offset;
-    if (prefetch && t + 4 < t1) {
-      const char* c = reinterpret_cast<const char*>(v[t + 4] + offset);
-      for (int64_t off = 0; off < static_cast<int64_t>(sizeof(float)) * V::W * N; off += 64) __builtin_prefetch(c + off);
-    }
     R x[N];
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) x[j] = V::load(row + V::W * j);
     for (int m = 0; m < M; ++m) {
       const R wt = V::set1(w[m][t]);
+#pragma GCC unroll 8
       for (int j = 0; j < N; ++j) a[m][j] = V::fma(wt, x[j], a[m][j]);
     }
   }
   for (int m = 0; m < M; ++m) {
+#pragma GCC unroll 8
     for (int j = 0; j < N; ++j) V::store(acc[m] + V::W * j, a[m][j]);
   }
 }

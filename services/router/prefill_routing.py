@@ -49,8 +49,9 @@ class PrefillRouter:
         remembered as holding the prompt's blocks until the index says so itself; a caller
         that may still prefill elsewhere remembers once it knows (``recent.remember``)."""
         matched, tier, holders = await self.matched(hashes, candidates)
-        decision = self.policy.choose(
-            candidates, RouteContext(hashes, key, matched, self.block_size, tier, num_tokens, holders))
+        ctx = RouteContext(hashes, key, matched, self.block_size, tier, num_tokens, holders,
+                           recurring=self.recent.recurs(key))
+        decision = self.policy.choose(candidates, ctx)
         if remember:
             self.recent.remember(hashes, decision.worker.worker_id)
         return decision, matched, tier

@@ -17,12 +17,26 @@ from pdmesh.kv.block_hash import BlockHash
 
 
 class RecentRoutes:
-    def __init__(self, ttl_s: float = 30.0, max_entries: int = 200_000,
+    def __init__(self, ttl_s: float = 30.0, max_entries: int = 200_000, max_keys: int = 100_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         self.max_entries = max_entries
+        self.max_keys = max_keys
         self._routes: OrderedDict[BlockHash, tuple[str, float]] = OrderedDict()
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    def recurs(self, key: bytes) -> bool:
+        """Whether a prompt with this routing key (its first block) came by before, the
+        ``max_keys`` most recent keys remembered with no time limit; records this one. A
+        key that recurs is a prefix worth a stable home even after every cache dropped it;
+        a first sighting has no home to keep (``CacheAwarePolicy``)."""
+        seen = key in self._keys
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.max_keys:
+            self._keys.popitem(last=False)
+        return seen
 
     def remember(self, hashes: Sequence[BlockHash], worker_id: str) -> None:
         now = self.clock()

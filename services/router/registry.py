@@ -47,6 +47,10 @@ class WorkerHandle:
     """When ``info`` was fetched (monotonic)."""
     released_at: float = 0.0
     """When one of this router's requests last finished here (monotonic)."""
+    started_at: float = 0.0
+    """When the work of ours now in progress here began, as far as this router can tell:
+    a request's arrival at an idle worker, or the last finish (the next one began then).
+    Of two workers with the same queue, the one that began earlier frees up first."""
     pending_tokens: int = 0
     """Uncached prompt tokens of this router's requests in flight here."""
     failures: int = 0
@@ -93,15 +97,18 @@ class WorkerHandle:
                     if self.info is not None and self.info_at > self.released_at else 0)
         return max(self.pending_tokens, reported)
 
-    def acquire(self, tokens: int = 0) -> None:
-        """One more request of ours here, with ``tokens`` prompt tokens to compute."""
+    def acquire(self, tokens: int = 0, now: float | None = None) -> None:
+        """One more request of ours here, with ``tokens`` prompt tokens to compute (``now``:
+        the caller's clock, monotonic unless a simulation passes its own)."""
+        if self.in_flight == 0:
+            self.started_at = time.monotonic() if now is None else now
         self.in_flight += 1
         self.pending_tokens += tokens
 
-    def release(self, tokens: int = 0) -> None:
+    def release(self, tokens: int = 0, now: float | None = None) -> None:
         self.in_flight -= 1
         self.pending_tokens -= tokens
-        self.released_at = time.monotonic()
+        self.released_at = self.started_at = time.monotonic() if now is None else now
 
     @contextlib.contextmanager
     def counted(self, tokens: int = 0) -> Iterator[None]:

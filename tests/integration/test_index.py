@@ -117,6 +117,10 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         assert matched == {"p0": 6, "p3": 8} and set(holders) == {p0, p3}
         matched, _, holders = await router.matched(CHAIN, [p0, p2, p3])  # p2 became a candidate
         assert matched == {"p0": 6, "p2": 4, "p3": 8} and set(holders) == {p0, p2, p3}
+        # A decision records the prompt's routing key: the next one with it recurs.
+        assert not router.recent.recurs(b"fresh")
+        await router.choose(CHAIN, b"key", 256, [p0, p1, p3])
+        assert router.recent.recurs(b"key")
         await router.index.close()
 
     asyncio.run(main())

@@ -193,7 +193,7 @@ class Simulation:
         worker = self.workers[int(decision.worker.address.split(":")[1])]
         served = Served(job, self.now, worker.index, decision.reason, took, self.router.last_lookup_s, hashes,
                         work=max(0, len(job.tokens) - decision.cached_tokens))
-        decision.worker.acquire(served.work)
+        decision.worker.acquire(served.work, now=self.now)
         worker.queue.append(served)
         if worker.current is None:
             await self._start_next(worker)
@@ -218,8 +218,7 @@ class Simulation:
         s.done = self.now
         self.served.append(s)
         w = self.workers[s.worker]
-        w.handle.release(s.work)
-        w.handle.released_at = self.now
+        w.handle.release(s.work, now=self.now)
         if self.store is not None:
             await self.store.store(s.hashes)
         nxt = s.job.next_turn

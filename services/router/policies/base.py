@@ -25,6 +25,9 @@ class RouteContext:
     holders: list[WorkerHandle] | None = None
     """The candidates named in ``matched``, when the caller found them already (None: the
     policy looks them up; a pass over 1,000 candidates costs ~0.1 ms)."""
+    recurring: bool = True
+    """Whether a prompt with this routing key came by before (``RecentRoutes.recurs``);
+    False only for a key the router has never routed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,9 @@ costs more than recomputing elsewhere, and no request count or weight needs tuni
 units are seconds. Estimates within ``tolerance`` of the fastest count as equal (measured
 costs are noisy; this is consistent hashing with bounded load): among those, the worker
 that holds most of the prompt wins, then rendezvous hashing of the prompt's first block,
-so misses on idle workers keep each prefix on one worker. The model and the measurements
-behind its defaults are in docs/routing.md.
+so a prefix that misses everywhere again keeps going to one worker. A first block the
+router has never seen has no such home: it goes where it starts soonest (``first_free``).
+The model and the measurements behind its defaults are in docs/routing.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ class Estimate:
     """Prompt tokens the worker holds."""
     fetched: int
     """Prompt tokens it would fetch from the kvstore."""
+
+
+def first_free(misses: list[Estimate]) -> list[Estimate]:
+    """Of workers within the tolerance that hold none of a never-seen prompt, those expected
+    to start it first: the fewest queued tokens and, of equal queues, the one whose work in
+    progress began earliest (idle workers all; the caller hashes among them). Hashing among
+    all of them placed such misses at random, behind round robin's rotation on uniform
+    traffic (docs/routing.md); a first sighting has no place to keep."""
+    fewest = min(e.worker.queued_tokens for e in misses)
+    shortest = [e for e in misses if e.worker.queued_tokens == fewest]
+    if fewest == 0 or len(shortest) == 1:
+        return shortest
+    return [min(shortest, key=lambda e: e.worker.started_at if e.worker.pending_tokens else float("inf"))]
 
 
 class CacheAwarePolicy:
@@ -102,6 +116,8 @@ class CacheAwarePolicy:
         # Keep the prompt where most of it already is: locally cached, then fetchable.
         most = max((e.cached + e.fetched, e.cached) for e in near)
         tied = [e for e in near if (e.cached + e.fetched, e.cached) == most]
+        if most == (0, 0) and not ctx.recurring and len(tied) > 1:
+            tied = first_free(tied)
         best = tied[0]
         if len(tied) > 1:
             chosen = rendezvous_pick([e.worker for e in tied], ctx.routing_key)

@@ -28,8 +28,8 @@ def worker(i: int, pending: int = 0, us: float = 0.0, kv_us: float = 0.0) -> Wor
     return w
 
 
-def ctx(matched: dict[str, int] | None, tier: int = 0) -> RouteContext:
-    return RouteContext(HASHES, HASHES[0], matched, BS, tier, PROMPT)
+def ctx(matched: dict[str, int] | None, tier: int = 0, recurring: bool = True) -> RouteContext:
+    return RouteContext(HASHES, HASHES[0], matched, BS, tier, PROMPT, recurring=recurring)
 
 
 def test_an_idle_holder_wins_and_reports_its_cached_tokens() -> None:
@@ -101,6 +101,36 @@ def test_equal_estimates_follow_rendezvous_hashing_and_index_down_the_ring() -> 
     assert POLICY.choose(list(reversed(ws)), ctx({})).worker is rendezvous_pick(ws, HASHES[0])
     d = POLICY.choose(ws, ctx(None))
     assert (d.worker, d.reason) == (ring_pick(ws, HASHES[0]), "index_down")
+
+
+def test_a_never_seen_prompt_near_several_workers_goes_to_the_one_that_frees_up_first() -> None:
+    # None of the prompt is anywhere and every estimate is within the tolerance (2,048,
+    # 1,924 and 2,024 tokens). A first sighting goes to the fewest queued tokens, then, of
+    # equal queues, to the worker whose work in progress began first: hashing would place
+    # it at random, behind round robin on uniform traffic.
+    a, b, c = worker(0, pending=1024), worker(1, pending=900), worker(2, pending=1000)
+    assert POLICY.choose([a, b, c], ctx({}, recurring=False)).worker is b
+    b.pending_tokens = c.pending_tokens = 1024
+    a.started_at, b.started_at, c.started_at = 5.0, 3.0, 4.0
+    assert POLICY.choose([a, b, c], ctx({}, recurring=False)).worker is b
+    b.started_at = 6.0
+    d = POLICY.choose([a, b, c], ctx({}, recurring=False))
+    assert (d.worker, d.reason) == (c, "miss")
+    # A prefix that came by before keeps its hashed home in the same state, even though
+    # every cache dropped it: that is what keeps it on one worker.
+    assert POLICY.choose([a, b, c], ctx({})).worker is rendezvous_pick([a, b, c], HASHES[0])
+    # Idle workers are all equally free: hashing among them either way.
+    idle = [worker(i) for i in range(4)]
+    assert POLICY.choose(idle, ctx({}, recurring=False)).worker is rendezvous_pick(idle, HASHES[0])
+
+
+def test_started_at_is_when_the_work_in_progress_began() -> None:
+    w = worker(0)
+    w.acquire(256, now=1.0)  # idle: this request starts now
+    w.acquire(256, now=2.0)  # queued behind it: the work in progress began at 1.0
+    assert w.started_at == 1.0
+    w.release(256, now=3.0)  # the first finished, the second began
+    assert (w.started_at, w.released_at, w.pending_tokens) == (3.0, 3.0, 256)
 
 
 @pytest.mark.parametrize("n", [1, 3, 1000])

@@ -62,6 +62,13 @@ def test_recent_routes_predict_the_prefix_before_the_index_knows() -> None:
     assert RecentRoutes(ttl_s=0.0).depths(HASHES) == {}
 
 
+def test_recent_routes_know_which_routing_keys_came_by_before() -> None:
+    recent = RecentRoutes(max_keys=2)
+    assert [recent.recurs(k) for k in (b"a", b"a", b"b", b"a")] == [False, True, False, True]
+    recent.recurs(b"c")  # three keys: the least recently seen ("b") is forgotten
+    assert (recent.recurs(b"b"), recent.recurs(b"c")) == (False, True)
+
+
 def test_load_ignores_a_queue_length_older_than_our_last_completion() -> None:
     import time
     from dataclasses import replace

@@ -4,7 +4,9 @@ The Redis index learns about a prefix only after a prefill worker has computed i
 published the event, which takes a whole prefill. Requests sharing that prefix that arrive
 in the meantime would look like misses and scatter across workers, each recomputing it.
 So the router also remembers, for a short time, which worker it chose for every block hash
-it routed, and counts those as (soon to be) cached there.
+it routed, and counts those as (soon to be) cached there. It also remembers, for longer,
+which routing keys (first blocks) it has routed at all: a prefix that recurs deserves a
+stable home, a first sighting does not (``recurs``).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import random
 import resource
 import time
 
+from pdmesh.bench.profile import decode_step_times
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.sampling_params import SamplingParams
@@ -64,13 +65,7 @@ def main(model: str, batch: int, prefix: int, groups: int, suffix: int, served: 
     shared = prompts(rng, max(groups, 1), prefix, vocab)
     for i, p in enumerate(prompts(rng, batch, suffix, vocab)):
         engine.add_request(f"d{i}", shared[i % len(shared)] + p, long)
-    while engine.scheduler.pending_prompt_tokens or engine.scheduler.num_waiting:
-        engine.step()  # the prefill steps, then decode only
-    steps = []
-    for _ in range(20):
-        start = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - start)
+    steps = decode_step_times(engine, 20)  # the prefill steps first, untimed
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(40):

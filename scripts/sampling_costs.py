@@ -49,6 +49,7 @@ def filter_costs(top_p: float) -> None:
 
 def engine_costs(model: str, batch: int, temperature: float, top_p: float, repetition: float,
                  presence: float) -> None:
+    from pdmesh.bench.profile import decode_step_times
     from pdmesh.config import EngineArgs
     from pdmesh.engine.llm_engine import LLMEngine
     from pdmesh.sampling_params import SamplingParams
@@ -68,16 +69,9 @@ def engine_costs(model: str, batch: int, temperature: float, top_p: float, repet
                             presence_penalty=presence, max_tokens=400, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"d{i}", [rng.randrange(10, 900) for _ in range(300)], params)
-    while engine.scheduler.pending_prompt_tokens or engine.scheduler.num_waiting:
-        engine.step()
-    for _ in range(20):
-        engine.step()
+    decode_step_times(engine, 0, warmup=20)
     forward.clear()
-    steps = []
-    for _ in range(200):
-        start = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - start)
+    steps = decode_step_times(engine, 200)
     step, fwd = statistics.median(steps) * 1e3, statistics.median(forward) * 1e3
     print(f"batch {batch}, temperature {temperature}, top_p {top_p}, repetition_penalty {repetition}, "
           f"presence_penalty {presence}: step {step:.2f} ms, "

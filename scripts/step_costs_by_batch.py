@@ -16,6 +16,7 @@ import random
 import sys
 import time
 
+from pdmesh.bench.profile import decode_step_times
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.sampling_params import SamplingParams
@@ -32,15 +33,7 @@ def main(model: str) -> None:
             own = [rng.randrange(10, vocab - 10) for _ in range(64)]
             engine.add_request(f"b{batch}-{i}", prefixes[i % 4] + own,
                                SamplingParams(temperature=0, max_tokens=150, ignore_eos=True))
-        while engine.scheduler.pending_prompt_tokens or engine.scheduler.num_waiting:
-            engine.step()
-        for _ in range(10):
-            engine.step()
-        steps = []
-        for _ in range(120):
-            start = time.perf_counter()
-            engine.step()
-            steps.append(time.perf_counter() - start)
+        steps = decode_step_times(engine, 120, warmup=10)
         out.append(f"batch {batch} {sorted(steps)[60] * 1e3:.2f} ms")
         while engine.has_unfinished_requests():
             engine.step()

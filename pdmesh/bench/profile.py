@@ -25,14 +25,25 @@ def _fill(engine: LLMEngine, batch: int, context: int, max_tokens: int) -> None:
         engine.add_request(f"p{i}", [rng.randrange(10, 1000) for _ in range(context)], params)
 
 
-def _decode_steps(engine: LLMEngine, steps: int) -> float:
-    """Mean seconds of pure decode steps (every sequence past its prefill)."""
+def decode_step_times(engine: LLMEngine, steps: int, warmup: int = 0) -> list[float]:
+    """Seconds of each of ``steps`` pure decode steps (every sequence past its prefill),
+    after ``warmup`` untimed ones: the one timing loop this profile and the step-cost
+    scripts in scripts/ share."""
     while any(s.is_prefill for s in engine.scheduler.running) or engine.scheduler.num_waiting:
         engine.step()
-    start = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(warmup):
         engine.step()
-    return (time.perf_counter() - start) / steps
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _decode_steps(engine: LLMEngine, steps: int) -> float:
+    """Mean seconds of pure decode steps."""
+    return sum(decode_step_times(engine, steps)) / steps
 
 
 def run_profile(args: argparse.Namespace) -> None:

@@ -244,17 +244,30 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
   }
 }
 
-#ifdef __AVX512F__
-// A shared run's weighted sums of V, four query rows at a time (``weighted_sum_rows``): each
-// V row is loaded once per four rows instead of once per row, from L2 as a rule (a 512-token
-// prefix's V rows for one KV head are 128 KiB). Each row's bits are weighted_sum's.
-inline void values_across_rows(const std::vector<Member>& members, const float* const* rows, int64_t t0,
-                               int64_t t1, int64_t span, int64_t group, int64_t dim, int64_t s_kv,
-                               int64_t s_head) {
-  constexpr int M = 4;
+#ifdef PDMESH_AVX2
+// ``weighted_sum_rows`` for the last n <= M rows of a run, as one call.
+template <class V, int N, int M>
+inline void sum_rows_up_to(int n, const float* const* w, const float* const* v, int64_t offset, int64_t t0,
+                           int64_t t1, float* const* acc, bool prefetch) {
+  if (n == M) {
+    pdmesh::weighted_sum_rows<V, N, M>(w, v, offset, t0, t1, acc, prefetch);
+  } else if constexpr (M > 1) {
+    sum_rows_up_to<V, N, M - 1>(n, w, v, offset, t0, t1, acc, prefetch);
+  }
+}
+
+// A shared run's weighted sums of V, up to M query rows at a time (``weighted_sum_rows``):
+// each V row is loaded once per M rows instead of once per row, from L2 as a rule (a
+// 512-token prefix's V rows for one KV head are 128 KiB). Each row's bits are
+// weighted_sum's. AVX-512 sums four rows over 64 lanes (4 x 4 accumulators of its 32
+// registers); AVX2 two rows over 32 lanes (2 x 4 of its 16), each V row in two halves.
+template <class V, int N, int M>
+void values_across_rows(const std::vector<Member>& members, const float* const* rows, int64_t t0, int64_t t1,
+                        int64_t span, int64_t group, int64_t dim, int64_t s_kv, int64_t s_head) {
+  constexpr int64_t LANES = V::W * N;
   const int64_t n_rows = static_cast<int64_t>(members.size()) * group;
   for (int64_t kh = 0; kh < span; ++kh) {
-    for (int64_t c = 0; c < dim; c += 64) {
+    for (int64_t c = 0; c < dim; c += LANES) {
       for (int64_t i = 0; i < n_rows; i += M) {
         const float* w[M];
         float* acc[M];
@@ -267,12 +280,7 @@ inline void values_across_rows(const std::vector<Member>& members, const float* 
         }
         const int64_t offset = s_kv + kh * s_head + c;
         const bool prefetch = i == 0;  // the first reader of this head's rows
-        switch (n) {
-          case 4: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 4>(w, rows, offset, t0, t1, acc, prefetch); break;
-          case 3: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 3>(w, rows, offset, t0, t1, acc, prefetch); break;
-          case 2: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 2>(w, rows, offset, t0, t1, acc, prefetch); break;
-          default: pdmesh::weighted_sum_rows<pdmesh::V16, 4, 1>(w, rows, offset, t0, t1, acc, prefetch);
-        }
+        sum_rows_up_to<V, N, M>(static_cast<int>(n), w, rows, offset, t0, t1, acc, prefetch);
       }
     }
   }
@@ -285,12 +293,19 @@ inline void values_across_rows(const std::vector<Member>& members, const float* 
 template <typename T>
 void values_of(const std::vector<Member>& members, const T* const* rows, int64_t t0,
                int64_t t1, int64_t span, int64_t group, int64_t dim, int64_t s_kv, int64_t s_head) {
-#ifdef __AVX512F__
+#ifdef PDMESH_AVX2
   if constexpr (std::is_same_v<T, float>) {
+#ifdef __AVX512F__
     if (members.size() > 1 && dim % 64 == 0) {
-      values_across_rows(members, rows, t0, t1, span, group, dim, s_kv, s_head);
+      values_across_rows<pdmesh::V16, 4, 4>(members, rows, t0, t1, span, group, dim, s_kv, s_head);
       return;
     }
+#else
+    if (members.size() > 1 && dim % 32 == 0) {
+      values_across_rows<pdmesh::V8, 4, 2>(members, rows, t0, t1, span, group, dim, s_kv, s_head);
+      return;
+    }
+#endif
   }
 #endif
   for (const Member& m : members) {

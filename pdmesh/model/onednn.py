@@ -25,12 +25,18 @@ import torch
 log = logging.getLogger(__name__)
 PACK_ROWS_HINT = 32
 """The row count oneDNN packs the weight for (its layout; any row count computes)."""
-FEW_ROWS_PROBE, MANY_ROWS_PROBE = 16, 256
+ONE_ROW_PROBE, FEW_ROWS_PROBE, MANY_ROWS_PROBE = 1, 16, 256
 """Row counts timed for the two regimes ``linear`` distinguishes (decode steps and
-prefill chunks): up to ``KERNEL_MAX_ROWS`` and above."""
+prefill chunks): up to ``KERNEL_MAX_ROWS`` and above; and one row, a low-load token."""
 MARGIN = 1.15
 """oneDNN is taken for a regime only when at least this much faster: a second copy of the
 weights is not worth a gain inside this machine's run-to-run spread."""
+ONE_ROW_FLOOR = 0.95
+"""...and for the few-rows regime only when it is also no more than 5% slower at one row.
+On a 2-core AVX2-only EPYC (Zen 3) oneDNN ran one row 1.1-1.2x slower than pdmesh's
+kernel while the 16-row probe went either way (0.97-1.24x): the few-rows regime then
+flipped between runs, and a low-load token with it (docs/performance.md, section 25). On
+the AVX-512 EPYC the two are within 4% at one row and oneDNN 2.2x faster at 16."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +70,9 @@ Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, always: bool = False) -> LinearPlan:
     """Time ``current(x, weight)`` (the product ``linear`` uses now) against oneDNN's on
-    each distinct weight shape, at ``FEW_ROWS_PROBE`` and ``MANY_ROWS_PROBE`` rows; with
-    ``always``, oneDNN for every row count without measuring."""
+    each distinct weight shape, at ``ONE_ROW_PROBE``, ``FEW_ROWS_PROBE`` and
+    ``MANY_ROWS_PROBE`` rows; with ``always``, oneDNN for every row count without
+    measuring."""
     if not available():
         (log.warning if always else log.info)(
             "this torch build has no oneDNN (mkldnn): linear products stay MKL's / pdmesh's")
@@ -77,29 +84,39 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
     if not shapes:
         return LinearPlan()
     packed = {s: pack(w) for s, w in shapes.items()}
-    choice = {}
-    for rows in (min(FEW_ROWS_PROBE, max_few_rows), MANY_ROWS_PROBE):
+    gain = {}  # rows -> current's time / oneDNN's
+    few_rows = min(FEW_ROWS_PROBE, max_few_rows)
+    for rows in (ONE_ROW_PROBE, few_rows, MANY_ROWS_PROBE):
         xs = {s: torch.randn(rows, s[1]) for s in shapes}
-        ours = best_seconds(lambda: [current(xs[s], w) for s, w in shapes.items()])
-        theirs = best_seconds(lambda: [product(xs[s], packed[s], None) for s in shapes])
-        choice[rows] = ours / theirs
-    few, many = choice[min(FEW_ROWS_PROBE, max_few_rows)], choice[MANY_ROWS_PROBE]
-    plan = LinearPlan(few=few >= MARGIN, many=many >= MARGIN)
-    log.info("linear products: oneDNN packed vs current %.2fx at %d rows, %.2fx at %d rows: "
-             "oneDNN for %s", few, FEW_ROWS_PROBE, many, MANY_ROWS_PROBE,
+        ours, theirs = best_seconds_of(lambda: [current(xs[s], w) for s, w in shapes.items()],
+                                       lambda: [product(xs[s], packed[s], None) for s in shapes])
+        gain[rows] = ours / theirs
+    one, few, many = gain[ONE_ROW_PROBE], gain[few_rows], gain[MANY_ROWS_PROBE]
+    plan = LinearPlan(few=few >= MARGIN and one >= ONE_ROW_FLOOR, many=many >= MARGIN)
+    log.info("linear products: oneDNN packed vs current %.2fx at %d row, %.2fx at %d rows, %.2fx at %d rows: "
+             "oneDNN for %s", one, ONE_ROW_PROBE, few, few_rows, many, MANY_ROWS_PROBE,
              "few and many rows" if plan.few and plan.many else "few rows" if plan.few
              else "many rows" if plan.many else "neither (MKL / pdmesh's kernel kept)")
     return plan
 
 
-def best_seconds(fn: Callable[[], object], rounds: int = 5, reps: int = 6, warmup: int = 1) -> float:
-    """Seconds per call: the best of ``rounds`` of ``reps`` calls, after ``warmup`` calls."""
+def best_seconds_of(*fns: Callable[[], object], rounds: int = 7, reps: int = 6, warmup: int = 1) -> list[float]:
+    """Seconds per call of each of ``fns``: the best of ``rounds`` of ``reps`` calls after
+    ``warmup`` calls, the functions' rounds alternated so that a burst of load on a shared
+    machine falls on both rather than on whichever ran during it."""
     for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(reps):
+        for fn in fns:
             fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / reps
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - t0) / reps)
+    return best
+
+
+def best_seconds(fn: Callable[[], object], rounds: int = 5, reps: int = 6, warmup: int = 1) -> float:
+    """Seconds per call of one function: ``best_seconds_of`` for ``fn`` alone."""
+    return best_seconds_of(fn, rounds=rounds, reps=reps, warmup=warmup)[0]

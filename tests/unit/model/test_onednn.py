@@ -56,6 +56,15 @@ def test_a_plan_is_taken_only_where_it_pays() -> None:
     assert slow.few and slow.many  # 50 products against one: oneDNN wins both regimes
 
 
+def test_the_few_rows_regime_is_not_taken_where_one_row_would_get_slower() -> None:
+    # A product that costs nothing at one row and 50 products from two rows up: oneDNN
+    # wins at 16 and 256 rows, but a low-load token (one row) would pay for it.
+    weights = [torch.randn(64, 64)]
+    plan = onednn.choose(weights, lambda x, w: x if x.shape[0] == 1 else [x @ w.t() for _ in range(50)][-1],
+                         KERNEL_MAX_ROWS)
+    assert plan == onednn.LinearPlan(few=False, many=True)
+
+
 def test_greedy_matches_transformers_with_onednn_everywhere(monkeypatch, llama_dir, hf_refs) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("PDMESH_ONEDNN", "always")
     prompts = mixed_prompts(10, seed=1)

@@ -33,10 +33,10 @@ MARGIN = 1.15
 weights is not worth a gain inside this machine's run-to-run spread."""
 ONE_ROW_FLOOR = 0.95
 """...and for the few-rows regime only when it is also no more than 5% slower at one row.
-On a 2-core AVX2-only EPYC (Zen 3) oneDNN ran one row 1.1-1.2x slower than pdmesh's
-kernel while the 16-row probe went either way (0.97-1.24x): the few-rows regime then
-flipped between runs, and a low-load token with it (docs/performance.md, section 25). On
-the AVX-512 EPYC the two are within 4% at one row and oneDNN 2.2x faster at 16."""
+On a 2-core AVX2-only EPYC (Zen 3) oneDNN ran one row 1.04-1.49x slower than pdmesh's
+kernel while the 16-row probe went either way (0.92-1.21x): the few-rows regime then
+flipped between loads, and a low-load token's speed with it (docs/performance.md, section
+25). On the AVX-512 EPYC the two are within 4% at one row and oneDNN 2.2x faster at 16."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,17 +18,13 @@ os.environ["PDMESH_ONEDNN"] = "0"  # the engine loads without a plan; the probe 
 from pdmesh.config import EngineArgs  # noqa: E402
 from pdmesh.engine.llm_engine import LLMEngine  # noqa: E402
 from pdmesh.model import onednn  # noqa: E402
-from pdmesh.model.llama import KERNEL_MAX_ROWS, Linear, linear  # noqa: E402
 
 
 def main(times: int, model_dir: str) -> None:
     engine = LLMEngine(EngineArgs(model=model_dir, dtype="float32", num_blocks=256).engine_config())
-    model = engine.runner.model
-    weights = [m.weight for m in model.modules() if isinstance(m, Linear) and m is not model.lm_head]
-    weights.append(model._head_weight())
     logging.getLogger(onednn.__name__).setLevel(logging.INFO)
     for _ in range(times):
-        onednn.choose(weights, lambda x, w: linear(x, w, few_rows=model.few_rows), KERNEL_MAX_ROWS)
+        engine.runner.model.choose_onednn()
 
 
 if __name__ == "__main__":

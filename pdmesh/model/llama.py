@@ -119,11 +119,10 @@ class LlamaForCausalLM(nn.Module):
         (the embedding's, which a tied LM head shares, stays); otherwise both copies stay."""
         mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
         fused = {id(m) for mlp in mlps for m in (mlp.gate, mlp.up)}
-        linears = [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]
+        linears = self._body_linears()
         own = [m for m in linears if id(m) not in fused]
         head = self._head_weight()
-        plan = onednn.choose([m.weight for m in linears] + [head],
-                             lambda x, w: linear(x, w, few_rows=self.few_rows), KERNEL_MAX_ROWS, always)
+        plan = self.choose_onednn(always)
         if plan.any:
             for m in own:
                 m.packed = (onednn.pack(m.weight), plan)
@@ -134,6 +133,16 @@ class LlamaForCausalLM(nn.Module):
             for m in [*linears, *([self.lm_head] if self.lm_head is not None else [])]:
                 m.weight = nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)
         return plan
+
+    def choose_onednn(self, always: bool = False) -> onednn.LinearPlan:
+        """``use_onednn``'s measurement alone: the plan for this model's weights, nothing
+        packed (``scripts/onednn_probe.py`` repeats it to see whether a machine's choice
+        is stable)."""
+        weights = [m.weight for m in self._body_linears()] + [self._head_weight()]
+        return onednn.choose(weights, lambda x, w: linear(x, w, few_rows=self.few_rows), KERNEL_MAX_ROWS, always)
+
+    def _body_linears(self) -> list[Linear]:
+        return [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]
 
     def _head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight

@@ -32,11 +32,12 @@ MARGIN = 1.15
 """oneDNN is taken for a regime only when at least this much faster: a second copy of the
 weights is not worth a gain inside this machine's run-to-run spread."""
 ONE_ROW_FLOOR = 0.95
-"""...and for the few-rows regime only when it is also no more than 5% slower at one row.
-On a 2-core AVX2-only EPYC (Zen 3) oneDNN ran one row 1.04-1.49x slower than pdmesh's
-kernel while the 16-row probe went either way (0.92-1.21x): the few-rows regime then
-flipped between loads, and a low-load token's speed with it (docs/performance.md, section
-25). On the AVX-512 EPYC the two are within 4% at one row and oneDNN 2.2x faster at 16."""
+"""...and for the few-rows regime only when it is also no more than 5% slower at one row
+over all the model's weights. On a 2-core AVX2-only EPYC (Zen 3) the 16-row probe went
+either way (0.92-1.21x) and took oneDNN for few rows in some loads, while a one-row token
+was slower through it: the few-rows regime flipped between loads, and a low-load token's
+speed with it (docs/performance.md, section 25). On the AVX-512 EPYC the two were within
+4% at one row and oneDNN 2.2x faster at 16 (section 22)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,18 +81,16 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
     if always:
         log.info("linear products: oneDNN for every row count (PDMESH_ONEDNN=always)")
         return LinearPlan(few=True, many=True)
-    shapes = {tuple(w.shape): w for w in weights if w.dtype == torch.float32 and w.device.type == "cpu"}
-    if not shapes:
+    weights = [w for w in weights if w.dtype == torch.float32 and w.device.type == "cpu"]
+    if not weights:
         return LinearPlan()
-    packed = {s: pack(w) for s, w in shapes.items()}
-    gain = {}  # rows -> current's time / oneDNN's
+    # A decode step's few rows read every weight once, from memory: probed over one weight
+    # per shape (in cache), oneDNN came out 1.0x at one row and 0.92-1.21x at 16 on the
+    # Zen 3 where whole decode steps of 1-32 rows were never faster through it. Prefill's
+    # many rows are bound by arithmetic, so one weight per shape tells.
     few_rows = min(FEW_ROWS_PROBE, max_few_rows)
-    for rows in (ONE_ROW_PROBE, few_rows, MANY_ROWS_PROBE):
-        xs = {s: torch.randn(rows, s[1]) for s in shapes}
-        ours, theirs = best_seconds_of(lambda: [current(xs[s], w) for s, w in shapes.items()],
-                                       lambda: [product(xs[s], packed[s], None) for s in shapes])
-        gain[rows] = ours / theirs
-    one, few, many = gain[ONE_ROW_PROBE], gain[few_rows], gain[MANY_ROWS_PROBE]
+    one, few = (_gain(weights, rows, current, rounds=5, reps=2) for rows in (ONE_ROW_PROBE, few_rows))
+    many = _gain(list({tuple(w.shape): w for w in weights}.values()), MANY_ROWS_PROBE, current)
     plan = LinearPlan(few=few >= MARGIN and one >= ONE_ROW_FLOOR, many=many >= MARGIN)
     log.info("linear products: oneDNN packed vs current %.2fx at %d row, %.2fx at %d rows, %.2fx at %d rows: "
              "oneDNN for %s", one, ONE_ROW_PROBE, few, few_rows, many, MANY_ROWS_PROBE,
@@ -100,7 +99,16 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
     return plan
 
 
-def best_seconds_of(*fns: Callable[[], object], rounds: int = 7, reps: int = 6, warmup: int = 1) -> list[float]:
+def _gain(weights: list[torch.Tensor], rows: int, current: Product, **timing: int) -> float:
+    """``current``'s time over ``weights`` at ``rows`` rows / oneDNN's packed product's."""
+    packed = [pack(w) for w in weights]
+    xs = [torch.randn(rows, w.shape[1]) for w in weights]
+    ours, theirs = best_seconds_of(lambda: [current(x, w) for x, w in zip(xs, weights)],
+                                   lambda: [product(x, p, None) for x, p in zip(xs, packed)], **timing)
+    return ours / theirs
+
+
+def best_seconds_of(*fns: Callable[[], object], rounds: int = 5, reps: int = 6, warmup: int = 1) -> list[float]:
     """Seconds per call of each of ``fns``: the best of ``rounds`` of ``reps`` calls after
     ``warmup`` calls, the functions' rounds alternated so that a burst of load on a shared
     machine falls on both rather than on whichever ran during it."""

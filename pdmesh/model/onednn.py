@@ -70,9 +70,9 @@ Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, always: bool = False) -> LinearPlan:
-    """Time ``current(x, weight)`` (the product ``linear`` uses now) against oneDNN's on
-    each distinct weight shape, at ``ONE_ROW_PROBE``, ``FEW_ROWS_PROBE`` and
-    ``MANY_ROWS_PROBE`` rows; with ``always``, oneDNN for every row count without
+    """Time ``current(x, weight)`` (the product ``linear`` uses now) against oneDNN's:
+    over every weight at ``ONE_ROW_PROBE`` and ``FEW_ROWS_PROBE`` rows, over one weight per
+    shape at ``MANY_ROWS_PROBE``; with ``always``, oneDNN for every row count without
     measuring."""
     if not available():
         (log.warning if always else log.info)(
@@ -85,12 +85,13 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
     if not weights:
         return LinearPlan()
     # A decode step's few rows read every weight once, from memory: probed over one weight
-    # per shape (in cache), oneDNN came out 1.0x at one row and 0.92-1.21x at 16 on the
-    # Zen 3 where whole decode steps of 1-32 rows were never faster through it. Prefill's
-    # many rows are bound by arithmetic, so one weight per shape tells.
+    # per shape (in cache), oneDNN came out 0.67-1.01x at one row and 0.92-1.21x at 16 on
+    # the Zen 3 where whole decode steps of 1-32 rows were never faster through it.
+    # Prefill's many rows are bound by arithmetic, so one weight per shape tells.
+    pairs = [(w, pack(w)) for w in weights]
     few_rows = min(FEW_ROWS_PROBE, max_few_rows)
-    one, few = (_gain(weights, rows, current, rounds=5, reps=2) for rows in (ONE_ROW_PROBE, few_rows))
-    many = _gain(list({tuple(w.shape): w for w in weights}.values()), MANY_ROWS_PROBE, current)
+    one, few = (_gain(pairs, rows, current, rounds=5, reps=2) for rows in (ONE_ROW_PROBE, few_rows))
+    many = _gain(list({tuple(w.shape): (w, p) for w, p in pairs}.values()), MANY_ROWS_PROBE, current)
     plan = LinearPlan(few=few >= MARGIN and one >= ONE_ROW_FLOOR, many=many >= MARGIN)
     log.info("linear products: oneDNN packed vs current %.2fx at %d row, %.2fx at %d rows, %.2fx at %d rows: "
              "oneDNN for %s", one, ONE_ROW_PROBE, few, few_rows, many, MANY_ROWS_PROBE,
@@ -99,12 +100,12 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
     return plan
 
 
-def _gain(weights: list[torch.Tensor], rows: int, current: Product, **timing: int) -> float:
-    """``current``'s time over ``weights`` at ``rows`` rows / oneDNN's packed product's."""
-    packed = [pack(w) for w in weights]
-    xs = [torch.randn(rows, w.shape[1]) for w in weights]
-    ours, theirs = best_seconds_of(lambda: [current(x, w) for x, w in zip(xs, weights)],
-                                   lambda: [product(x, p, None) for x, p in zip(xs, packed)], **timing)
+def _gain(pairs: list[tuple[torch.Tensor, torch.Tensor]], rows: int, current: Product, **timing: int) -> float:
+    """``current``'s time over the (weight, packed weight) ``pairs`` at ``rows`` rows /
+    oneDNN's packed product's."""
+    xs = [torch.randn(rows, w.shape[1]) for w, _ in pairs]
+    ours, theirs = best_seconds_of(lambda: [current(x, w) for x, (w, _) in zip(xs, pairs)],
+                                   lambda: [product(x, p, None) for x, (_, p) in zip(xs, pairs)], **timing)
     return ours / theirs
 
 

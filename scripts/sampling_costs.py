@@ -49,7 +49,7 @@ def filter_costs(top_p: float) -> None:
 
 def engine_costs(model: str, batch: int, temperature: float, top_p: float, repetition: float,
                  presence: float) -> None:
-    from pdmesh.bench.profile import decode_step_times
+    from pdmesh.bench.profile import decode_step_times, run_to_decode
     from pdmesh.config import EngineArgs
     from pdmesh.engine.llm_engine import LLMEngine
     from pdmesh.sampling_params import SamplingParams
@@ -69,7 +69,7 @@ def engine_costs(model: str, batch: int, temperature: float, top_p: float, repet
                             presence_penalty=presence, max_tokens=400, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"d{i}", [rng.randrange(10, 900) for _ in range(300)], params)
-    decode_step_times(engine, 0, warmup=20)
+    run_to_decode(engine, warmup=20)
     forward.clear()
     steps = decode_step_times(engine, 200)
     step, fwd = statistics.median(steps) * 1e3, statistics.median(forward) * 1e3

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 
 import torch
@@ -25,25 +26,25 @@ def _fill(engine: LLMEngine, batch: int, context: int, max_tokens: int) -> None:
         engine.add_request(f"p{i}", [rng.randrange(10, 1000) for _ in range(context)], params)
 
 
-def decode_step_times(engine: LLMEngine, steps: int, warmup: int = 0) -> list[float]:
-    """Seconds of each of ``steps`` pure decode steps (every sequence past its prefill),
-    after ``warmup`` untimed ones: the one timing loop this profile and the step-cost
-    scripts in scripts/ share."""
+def run_to_decode(engine: LLMEngine, warmup: int = 0) -> None:
+    """Step until every sequence is past its prefill, then ``warmup`` more (decode) steps."""
     while any(s.is_prefill for s in engine.scheduler.running) or engine.scheduler.num_waiting:
         engine.step()
     for _ in range(warmup):
         engine.step()
+
+
+def decode_step_times(engine: LLMEngine, steps: int, warmup: int = 0) -> list[float]:
+    """Seconds of each of ``steps`` pure decode steps (every sequence past its prefill),
+    after ``warmup`` untimed ones (``run_to_decode``): the one timing loop this profile and
+    the step-cost scripts in scripts/ share."""
+    run_to_decode(engine, warmup)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
     return times
-
-
-def _decode_steps(engine: LLMEngine, steps: int) -> float:
-    """Mean seconds of pure decode steps."""
-    return sum(decode_step_times(engine, steps)) / steps
 
 
 def run_profile(args: argparse.Namespace) -> None:
@@ -54,12 +55,11 @@ def run_profile(args: argparse.Namespace) -> None:
     print(f"pdmesh bench profile — {args.model}, dtype {engine.dtype}, {torch.get_num_threads()} threads, "
           f"attention {type(engine.runner.backend).__name__}")
     _fill(engine, args.batch, args.context, args.steps * 3 + 8)
-    _decode_steps(engine, 2)  # warm-up
-    mean = _decode_steps(engine, args.steps)
+    mean = statistics.mean(decode_step_times(engine, args.steps, warmup=2))
     print(f"decode step, batch {args.batch}, ~{args.context}-token contexts: {1000 * mean:.1f} ms "
           f"({args.batch / mean:.0f} tok/s)")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        _decode_steps(engine, args.steps)
+        decode_step_times(engine, args.steps)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
     for rid in [f"p{i}" for i in range(args.batch)]:
         engine.abort_request(rid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from pdmesh.engine.compute_thread import build_on_passing_thread
 from pdmesh.engine.core_share import CoreShare, parse_spec
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.step_cost import TokenCost
-from pdmesh.errors import IncompatibleWorkerError
+from pdmesh.errors import IncompatibleWorkerError, TransferFailedError
 from pdmesh.kv.layout import KVLayout
 from pdmesh.kv.transfer.base import KVRegion, KVTransport, PeerLayout
 from pdmesh.kv.transfer.nixl import NixlTransport
@@ -123,11 +124,21 @@ class WorkerCore:
     async def ensure_peer(self, worker_id: str, address: str, timeout: float, kvstore: bool = False) -> None:
         """Connect NIXL to a decode worker or the kvstore the first time (or after a restart).
         Concurrent requests for one peer share one connection attempt: registering a peer
-        again would invalidate transfers to it already under way."""
-        if not self.transport.has_peer(worker_id):
+        again would invalidate transfers to it already under way.
+
+        Returns with the peer registered as of its last check, after the last await, so a
+        caller that starts its write without awaiting writes to a registered peer. Between
+        a shared connection landing and this caller resuming, another request's failed
+        write may drop the peer again (``TransferRunner``); without the check again, every
+        request waiting on that connection failed its write too (six failures for two in
+        a CI run of tests/integration/failover/test_transfer_failure.py)."""
+        deadline = time.monotonic() + timeout
+        while not self.transport.has_peer(worker_id):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransferFailedError(f"NIXL connection to {worker_id} was dropped again within {timeout:.1f}s")
             # The margin lets the call's own deadline error (with its gRPC status) arrive first.
-            await self._connects.run(worker_id, lambda: self._connect(worker_id, address, timeout, kvstore),
-                                     timeout + 0.5)
+            await self._connects.run(worker_id, lambda: self._connect(worker_id, address, left, kvstore), left + 0.5)
 
     async def _connect(self, worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
         if self.transport.has_peer(worker_id):

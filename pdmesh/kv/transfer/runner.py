@@ -12,6 +12,7 @@ dropped at once, one failed write failed every write in flight to a live peer
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pdmesh.errors import TransferFailedError
 from pdmesh.kv.transfer.base import KVTransport, TransferState
 from pdmesh.kv.transfer.poller import TransferPoller, poll_state
+
+log = logging.getLogger(__name__)
 
 
 class BusyClock:
@@ -135,4 +138,5 @@ class TransferRunner:
         if self._in_flight.get(peer, 0) == 0:
             self._in_flight.pop(peer, None)
             self._stale.discard(peer)
+            log.warning("a KV transfer with %s failed: its connection is dropped, made again on next use", peer)
             self.transport.remove_peer(peer)

@@ -1,0 +1,67 @@
+"""``WorkerCore.ensure_peer`` returns with the peer registered, even when the connection it
+waited on is dropped again before it resumes.
+
+The race: requests of one prefill worker share one NIXL connection attempt to a decode
+worker; when it lands, another request's failed write may drop the peer again
+(``TransferRunner``) before the waiters resume, and each waiter then started a write to an
+unregistered peer and failed it (six failed requests for two failed writes in a CI run).
+Timing decides it in a mesh, so the peer registry here is a set and the drop is scheduled
+by the connection itself: the one fault wrapper these tests use around ``ensure_peer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from pdmesh.errors import TransferFailedError
+from pdmesh.rpc.single_flight import SingleFlight
+from services.worker.core import WorkerCore
+
+
+class Peers:
+    """The peer registry a ``NixlTransport`` keeps, without NIXL."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def has_peer(self, name: str) -> bool:
+        return name in self.names
+
+
+def core_whose_connections_drop(drops: int) -> SimpleNamespace:
+    """A core whose first ``drops`` connections are dropped right after they land, before
+    any waiter resumes (as another request's failed write drops the peer)."""
+    peers = Peers()
+    core = SimpleNamespace(transport=peers, _connects=SingleFlight(), connects=0)
+
+    async def connect(worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
+        await asyncio.sleep(0.01)  # the Info call
+        core.connects += 1
+        peers.names.add(worker_id)
+        if core.connects <= drops:
+            asyncio.get_running_loop().call_soon(peers.names.discard, worker_id)
+
+    core._connect = connect
+    return core
+
+
+def test_a_connection_dropped_before_the_waiters_resume_is_made_again() -> None:
+    core = core_whose_connections_drop(1)
+
+    async def waiters() -> list[bool]:
+        async def one() -> bool:
+            await WorkerCore.ensure_peer(core, "decode-0", "127.0.0.1:1", timeout=2.0)  # type: ignore[arg-type]
+            return core.transport.has_peer("decode-0")  # what a write started now would see
+        return await asyncio.gather(*(one() for _ in range(4)))
+
+    assert asyncio.run(waiters()) == [True] * 4
+    assert core.connects == 2  # one shared attempt, dropped; one more, shared again
+
+
+def test_a_peer_dropped_every_time_fails_by_the_deadline() -> None:
+    core = core_whose_connections_drop(10**6)
+    with pytest.raises(TransferFailedError, match="dropped again"):
+        asyncio.run(WorkerCore.ensure_peer(core, "decode-0", "127.0.0.1:1", timeout=0.2))  # type: ignore[arg-type]

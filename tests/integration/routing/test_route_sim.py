@@ -3,17 +3,19 @@ mesh's prefix-cache hit rate (same traffic, same pool sizes, same router code)."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+import redis
 
 from pdmesh.bench.routing.sim import SimSpec, simulate
 from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 BS = 16
 
@@ -56,6 +58,23 @@ def test_cache_aware_computes_near_the_oracle_where_round_robin_cannot(redis_url
     assert p90["round_robin"] > 2 * p90["cache_aware"]
 
 
+def index_settled(url: str, quiet_s: float = 0.1, timeout_s: float = 10.0) -> None:
+    """Wait until no worker's event batch number has moved for ``quiet_s``. The simulator's
+    index changes as each request is served, a real worker's some 20 ms later and much
+    later on a loaded machine: next to two busy processes the real mesh's hit rate was
+    0.543 against the simulator's 0.717 (as in one CI run), 0.670-0.724 with this wait."""
+    with redis.Redis.from_url(url) as r:
+        seqs = r.mget(r.keys("pdmesh:seq:*"))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = r.mget(r.keys("pdmesh:seq:*"))
+            if now == seqs:
+                return
+            seqs = now
+    raise AssertionError("the prefix index never settled")
+
+
 def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url: str,
                                                      tmp_path: Path) -> None:
     """Two prefill workers with small pools (cache pressure), requests one at a time in
@@ -72,17 +91,24 @@ def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url
 
     mesh_spec = MeshSpec(model=str(llama_dir), prefill=2, decode=1, kvstore=0,
                          worker_args=["--dtype", "float32", "--block-size", str(BS), "--num-blocks", "256"],
-                         prefill_args=["--num-blocks", str(pool)], router_args=["--info-interval-s", "0.2"],
+                         prefill_args=["--num-blocks", str(pool)],
+                         # The simulator prices every worker alike; real workers measure their
+                         # own costs, which a loaded machine skews past the default tolerance,
+                         # and that, not the cache, then decides where a miss goes.
+                         router_args=["--info-interval-s", "0.2", "--route-tolerance", "10"],
                          log_dir=str(tmp_path / "logs"))
     with Mesh(mesh_spec) as mesh, Client(mesh.router_address, timeout=120) as client:
         for s in order:
             client.complete(s.job.tokens, max_tokens=1)
+            index_settled(mesh.redis_url)
         # What the prefill workers found in their own caches (the decode worker keeps
         # prompts too, but the simulator models the prefill side).
         cached = 0
         for p in mesh.prefill:
             with grpc.insecure_channel(p.address) as ch:
                 cached += worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5).cached_prompt_tokens
+        with grpc.insecure_channel(mesh.router_address) as ch:
+            decisions = dict(admin_pb2_grpc.MeshAdminStub(ch).RouterStats(admin_pb2.RouterStatsRequest()).decisions)
     real_hit = cached / prompt
     print(f"prefill hit rate: simulated {sim_hit:.3f}, real mesh {real_hit:.3f}")
-    assert 0 < sim_hit and abs(sim_hit - real_hit) <= 0.1 * real_hit, (sim_hit, real_hit)
+    assert 0 < sim_hit and abs(sim_hit - real_hit) <= 0.1 * real_hit, (sim_hit, real_hit, decisions)

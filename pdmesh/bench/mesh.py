@@ -106,8 +106,9 @@ def _in_process(model: str, dtype: str, prompts: list[list[int]], max_tokens: in
         torch.set_num_threads(saved)
 
 
-def _worker_args(dtype: str, num_blocks: int) -> list[str]:
-    return ["--dtype", dtype, "--num-blocks", str(num_blocks)]
+def _worker_args(args: argparse.Namespace, num_blocks: int) -> list[str]:
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    return ["--dtype", args.dtype, "--num-blocks", str(num_blocks), *threads]
 
 
 def _prefill_infos(mesh: Mesh) -> list[WorkerInfo]:
@@ -132,7 +133,7 @@ def _burst(args: argparse.Namespace, rng: random.Random) -> tuple[list[list[int]
 def bench_vs_engine(args: argparse.Namespace, rows: list[Row], prompts: list[list[int]], out: int) -> None:
     n, plen = len(prompts), len(prompts[0])
     local = _in_process(args.model, args.dtype, prompts, out)
-    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args.dtype, 2048))
+    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args, 2048))
     spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
@@ -157,7 +158,7 @@ def bench_kv_transfer(args: argparse.Namespace, rows: list[Row], prompts: list[l
     or the busy rule would keep most of a burst off the prefill worker). Counted after a
     warm-up request, so that connecting the two NIXL agents is not in the figure (nor is
     it in raw NIXL's); seconds are those with a write in flight, overlapping writes once."""
-    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args.dtype, 2048),
+    spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args, 2048),
                     router_args=["--prefill-busy-requests", "0"])
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:1], 1, 1)
@@ -189,7 +190,7 @@ def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random
     results = {}
     for policy in ("cache_aware", "round_robin"):
         spec = MeshSpec(model=args.model, prefill=2, decode=1,
-                        worker_args=_worker_args(args.dtype, 4096), prefill_args=["--num-blocks", str(blocks)],
+                        worker_args=_worker_args(args, 4096), prefill_args=["--num-blocks", str(blocks)],
                         router_args=["--prefill-policy", policy, "--info-interval-s", "0.2"])
         with Mesh(spec) as mesh:
             results[policy] = _mesh_workload(mesh.router_address, prompts, 4, groups)

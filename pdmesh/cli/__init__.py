@@ -103,6 +103,8 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     bmesh.add_argument("--dtype", default="float32", help="weights and KV dtype (default: float32)")
     bmesh.add_argument("--out", default="bench-results/mesh.json", help="JSON report (default: %(default)s)")
     bmesh.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    bmesh.add_argument("--threads", type=int, default=0,
+                       help="torch threads per worker, 0 = the launcher's split with lent cores (default: 0)")
     bmesh.add_argument("--sections", default="engine,kv,routing,index",
                        type=lambda v: [x for x in v.split(",") if x],
                        help="which parts to run: engine (mesh vs in-process), kv (KV writes vs raw "

@@ -37,4 +37,4 @@ def test_bench_mesh_refuses_a_section_it_does_not_have() -> None:
     from pdmesh.bench.mesh import run_mesh_bench
 
     with pytest.raises(SystemExit, match="no section kvx; the sections are engine, kv, routing, index"):
-        run_mesh_bench(argparse.Namespace(model="unused", dtype="float32", quick=True, sections=["kv", "kvx"]))
+        run_mesh_bench(argparse.Namespace(model="unused", dtype="float32", quick=True, sections=["kv", "kvx"], threads=0))

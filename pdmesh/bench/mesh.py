@@ -82,23 +82,17 @@ def _mesh_workload(address: str, prompts: list[list[int]], max_tokens: int, conc
             "hit_rate": cached[0] / sum(len(p) for p in prompts)}
 
 
-def _in_process(model: str, dtype: str, prompts: list[list[int]], max_tokens: int,
-                one_at_a_time: bool = False, threads: int | None = None) -> dict[str, float]:
+def _in_process(model: str, dtype: str, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
     import torch
 
     from pdmesh.bench.engine import _run_engine
     from pdmesh.engine.llm_engine import LLMEngine
 
     saved = torch.get_num_threads()
-    engine = LLMEngine.from_model(model, dtype=dtype, threads=threads or 0)
+    engine = LLMEngine.from_model(model, dtype=dtype)
     try:
         _run_engine(engine, prompts[:2], 2)  # warm-up
         engine.pool.reset_prefix_cache()
-        if one_at_a_time:
-            ttfts = []
-            for p in prompts:
-                ttfts.append(_run_engine(engine, [p], 1)["ttft_p50"])
-            return {"ttft_p50": pct(ttfts, 0.5), "ttft_p90": pct(ttfts, 0.9)}
         res = _run_engine(engine, prompts, max_tokens)
         return {"tok_s": res["output_tokens"] / res["seconds"], "ttft_p50": res["ttft_p50"],
                 "ttft_p90": res["ttft_p90"]}
@@ -135,22 +129,58 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], prompts: list[lis
     local = _in_process(args.model, args.dtype, prompts, out)
     spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args, 2048))
     spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
+    # The mesh's own overhead: one request at a time against one engine on the same cores
+    # (the workers split them, but an idle decode worker lends its share to the prefill).
+    share = args.threads or ((os.cpu_count() or 1) if spec.splits_cpu_cores() else max(1, (os.cpu_count() or 1) // 2))
+    lone = random.Random(1)  # prompts no earlier request cached
+    fresh = [[lone.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
         remote = _mesh_workload(mesh.router_address, prompts, out, n)
-        lone = random.Random(1)  # prompts no earlier request cached
-        fresh = [[lone.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
-        alone_mesh = _mesh_workload(mesh.router_address, fresh, 1, 1)
-    # The mesh's own overhead: one request at a time against one engine on the same cores
-    # (the workers split them, but an idle decode worker lends its share to the prefill).
-    share = (os.cpu_count() or 1) if spec.splits_cpu_cores() else max(1, (os.cpu_count() or 1) // 2)
-    alone_local = _in_process(args.model, args.dtype, fresh, 1, one_at_a_time=True, threads=share)
+        alone_mesh, alone_local = _lone_ttfts(args, mesh.router_address, fresh, share)
     label = f"{n} x {plen} in + {out} out, all at once"
     rows.append(Row("mesh vs in-process", f"output tok/s ({label})", remote["tok_s"], local["tok_s"]))
     rows.append(Row("mesh vs in-process", "TTFT p50 added (ms)", 1000 * (remote["ttft_p50"] - local["ttft_p50"])))
     rows.append(Row("mesh vs in-process", "TTFT p90 added (ms)", 1000 * (remote["ttft_p90"] - local["ttft_p90"])))
     rows.append(Row("mesh vs in-process", f"TTFT p50 added, one request at a time, {share} thread(s) (ms)",
-                    1000 * (alone_mesh["ttft_p50"] - alone_local["ttft_p50"])))
+                    1000 * (pct(alone_mesh, 0.5) - pct(alone_local, 0.5)),
+                    note=f"mesh {1000 * pct(alone_mesh, 0.5):.1f} / in process {1000 * pct(alone_local, 0.5):.1f}"))
+
+
+def _lone_ttfts(args: argparse.Namespace, address: str, prompts: list[list[int]], threads: int
+                ) -> tuple[list[float], list[float]]:
+    """Each prompt alone through the mesh, then alone through an engine in this process,
+    alternated: run one after the other, the two halves of this figure landed in different
+    phases of a drifting machine (a 2-core Zen 3 gave +5.5 to +37.8 ms in three runs). A
+    gap of 2.5x ``LEND_AFTER_IDLE_S`` before each request lets an idle worker lend its
+    cores again, as in ``scripts/lone_ttft_hops.py``."""
+    import torch
+
+    from pdmesh.bench.engine import _run_engine
+    from pdmesh.client import Client
+    from pdmesh.engine.async_engine import LEND_AFTER_IDLE_S
+    from pdmesh.engine.llm_engine import LLMEngine
+
+    gap_s = 2.5 * LEND_AFTER_IDLE_S
+    saved = torch.get_num_threads()
+    engine = LLMEngine.from_model(args.model, dtype=args.dtype, threads=threads)
+    mesh_s: list[float] = []
+    local_s: list[float] = []
+    try:
+        _run_engine(engine, [list(reversed(p)) for p in prompts[:2]], 2)  # warm-up, other prompts
+        with Client(address) as client:
+            for p in prompts:
+                time.sleep(gap_s)
+                t0 = time.monotonic()
+                first = 0.0
+                for resp in client.generate(p, max_tokens=1, temperature=0):
+                    first = first or (time.monotonic() - t0 if resp.token_ids else 0.0)
+                mesh_s.append(first)
+                time.sleep(gap_s)
+                local_s.append(_run_engine(engine, [p], 1)["ttft_p50"])
+    finally:
+        torch.set_num_threads(saved)
+    return mesh_s, local_s
 
 
 def bench_kv_transfer(args: argparse.Namespace, rows: list[Row], prompts: list[list[int]], out: int) -> None:

@@ -38,3 +38,18 @@ def test_bench_mesh_refuses_a_section_it_does_not_have() -> None:
 
     with pytest.raises(SystemExit, match="no section kvx; the sections are engine, kv, routing, index"):
         run_mesh_bench(argparse.Namespace(model="unused", dtype="float32", quick=True, sections=["kv", "kvx"], threads=0))
+
+
+def test_bench_mesh_quick_runs_the_engine_and_kv_sections(llama_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mesh.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdmesh", "bench", "mesh", "--model", str(llama_dir), "--quick",
+         "--sections", "engine,kv", "--threads", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["metric"]: r for r in json.loads(out.read_text())["rows"]}
+    lone = rows["TTFT p50 added, one request at a time, 1 thread(s) (ms)"]
+    assert lone["note"].startswith("mesh ") and " / in process " in lone["note"]
+    assert rows["output tok/s (8 x 64 in + 8 out, all at once)"]["value"] > 0
+    assert rows["mesh KV write GiB/s (writes of ~4 blocks, under load)"]["value"] > 0

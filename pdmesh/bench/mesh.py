@@ -2,7 +2,8 @@
 
 All in one run on this machine, so ratios are what to read:
 1. the same workload through the mesh (1 prefill + 1 decode, as ``pdmesh up`` starts them)
-   and in process: output throughput ratio and the TTFT the mesh adds (p50 / p90);
+   and in process: output throughput ratio and the TTFT the mesh adds (p50 / p90), and a
+   lone request's, each prompt alternated between the two;
 2. ``cache_aware`` vs ``round_robin`` with 2 prefill workers on shared-prefix traffic
    (groups x prompts with a long shared prefix; prefill pools sized so that one worker can
    hold half the prefixes): prefix-cache hit rate and TTFT p90;
@@ -131,7 +132,8 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], prompts: list[lis
     spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
     # The mesh's own overhead: one request at a time against one engine on the same cores
     # (the workers split them, but an idle decode worker lends its share to the prefill).
-    share = args.threads or ((os.cpu_count() or 1) if spec.splits_cpu_cores() else max(1, (os.cpu_count() or 1) // 2))
+    cores = os.cpu_count() or 1
+    share = args.threads or (cores if spec.splits_cpu_cores() else max(1, cores // 2))
     lone = random.Random(1)  # prompts no earlier request cached
     fresh = [[lone.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
     with Mesh(spec) as mesh:

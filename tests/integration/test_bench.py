@@ -7,29 +7,25 @@ from pathlib import Path
 import pytest
 
 
-def test_bench_engine_quick_writes_table_and_json(llama_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "engine.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdmesh", "bench", "engine", "--model", str(llama_dir), "--quick",
-         "--dtype", "float32", "--num-blocks", "512", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
+def run_bench(out: Path, *args: str, timeout: float = 300) -> tuple[str, dict]:  # type: ignore[type-arg]
+    """``pdmesh bench ARGS --out OUT`` in a child process: its table and its JSON report."""
+    proc = subprocess.run([sys.executable, "-m", "pdmesh", "bench", *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
-    assert "decode batch 8 (best of 3)" in proc.stdout
-    data = json.loads(out.read_text())
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_bench_engine_quick_writes_table_and_json(llama_dir: Path, tmp_path: Path) -> None:
+    table, data = run_bench(tmp_path / "engine.json", "engine", "--model", str(llama_dir), "--quick",
+                            "--dtype", "float32", "--num-blocks", "512")
+    assert "decode batch 8 (best of 3)" in table
     metrics = {(r["workload"], r["metric"]) for r in data["rows"]}
     assert ("decode batch 1 (best of 3)", "tok/s") in metrics
     assert all(r["pdmesh"] > 0 for r in data["rows"])
 
 
 def test_bench_tracing_reports_off_and_on(tmp_path: Path) -> None:
-    out = tmp_path / "tracing.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdmesh", "bench", "tracing", "--requests", "300", "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(out.read_text())
+    _, data = run_bench(tmp_path / "tracing.json", "tracing", "--requests", "300", timeout=120)
     assert 0 < data["off_us_per_request"] < data["on_us_per_request"]
 
 
@@ -41,14 +37,9 @@ def test_bench_mesh_refuses_a_section_it_does_not_have() -> None:
 
 
 def test_bench_mesh_quick_runs_the_engine_and_kv_sections(llama_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "mesh.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdmesh", "bench", "mesh", "--model", str(llama_dir), "--quick",
-         "--sections", "engine,kv", "--threads", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
-    rows = {r["metric"]: r for r in json.loads(out.read_text())["rows"]}
+    _, data = run_bench(tmp_path / "mesh.json", "mesh", "--model", str(llama_dir), "--quick",
+                        "--sections", "engine,kv", "--threads", "1", timeout=600)
+    rows = {r["metric"]: r for r in data["rows"]}
     lone = rows["TTFT p50 added, one request at a time, 1 thread(s) (ms)"]
     assert lone["note"].startswith("mesh ") and " / in process " in lone["note"]
     assert rows["output tok/s (8 x 64 in + 8 out, all at once)"]["value"] > 0

@@ -28,6 +28,11 @@ PACK_ROWS_HINT = 32
 ONE_ROW_PROBE, FEW_ROWS_PROBE, MANY_ROWS_PROBE = 1, 16, 256
 """Row counts timed for the two regimes ``linear`` distinguishes (decode steps and
 prefill chunks): up to ``KERNEL_MAX_ROWS`` and above; and one row, a low-load token."""
+STREAMED_PROBE_BYTES = 512 * 2**20
+"""The few-rows probes read the weights in model order up to about this many bytes: far
+past any cache, so they stream from memory as a decode step does, while the packed copies
+the probe makes stay a bounded cost at start-up (all of a 7B float32 model's would be
+28 GB more)."""
 MARGIN = 1.15
 """oneDNN is taken for a regime only when at least this much faster: a second copy of the
 weights is not worth a gain inside this machine's run-to-run spread."""
@@ -71,8 +76,9 @@ Product = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, always: bool = False) -> LinearPlan:
     """Time ``current(x, weight)`` (the product ``linear`` uses now) against oneDNN's:
-    over every weight at ``ONE_ROW_PROBE`` and ``FEW_ROWS_PROBE`` rows, over one weight per
-    shape at ``MANY_ROWS_PROBE``; with ``always``, oneDNN for every row count without
+    over the leading ``STREAMED_PROBE_BYTES`` of the weights (all of a small model's) at
+    ``ONE_ROW_PROBE`` and ``FEW_ROWS_PROBE`` rows, over one weight per shape at
+    ``MANY_ROWS_PROBE``; with ``always``, oneDNN for every row count without
     measuring."""
     if not available():
         (log.warning if always else log.info)(
@@ -88,16 +94,34 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
     # per shape (in cache), oneDNN came out 0.67-1.01x at one row and 0.92-1.21x at 16 on
     # the Zen 3 where whole decode steps of 1-32 rows were never faster through it.
     # Prefill's many rows are bound by arithmetic, so one weight per shape tells.
-    pairs = [(w, pack(w)) for w in weights]
+    streamed = leading_bytes(weights, STREAMED_PROBE_BYTES)
+    per_shape: dict[tuple[int, ...], torch.Tensor] = {}
+    for w in weights:
+        per_shape.setdefault(tuple(w.shape), w)  # the first of a shape: among ``streamed``
+    probed = {id(w): w for w in [*streamed, *per_shape.values()]}
+    packed = {key: pack(w) for key, w in probed.items()}
     few_rows = min(FEW_ROWS_PROBE, max_few_rows)
-    one, few = (_gain(pairs, rows, current, rounds=5, reps=2) for rows in (ONE_ROW_PROBE, few_rows))
-    many = _gain(list({tuple(w.shape): (w, p) for w, p in pairs}.values()), MANY_ROWS_PROBE, current)
+    one, few = (_gain([(w, packed[id(w)]) for w in streamed], rows, current, rounds=5, reps=2)
+                for rows in (ONE_ROW_PROBE, few_rows))
+    many = _gain([(w, packed[id(w)]) for w in per_shape.values()], MANY_ROWS_PROBE, current)
     plan = LinearPlan(few=few >= MARGIN and one >= ONE_ROW_FLOOR, many=many >= MARGIN)
     log.info("linear products: oneDNN packed vs current %.2fx at %d row, %.2fx at %d rows, %.2fx at %d rows: "
              "oneDNN for %s", one, ONE_ROW_PROBE, few, few_rows, many, MANY_ROWS_PROBE,
              "few and many rows" if plan.few and plan.many else "few rows" if plan.few
              else "many rows" if plan.many else "neither (MKL / pdmesh's kernel kept)")
     return plan
+
+
+def leading_bytes(weights: list[torch.Tensor], budget: int) -> list[torch.Tensor]:
+    """The first of ``weights`` (at least one) up to the one that reaches ``budget`` bytes."""
+    taken: list[torch.Tensor] = []
+    total = 0
+    for w in weights:
+        if taken and total >= budget:
+            break
+        taken.append(w)
+        total += w.numel() * w.element_size()
+    return taken
 
 
 def _gain(pairs: list[tuple[torch.Tensor, torch.Tensor]], rows: int, current: Product, **timing: int) -> float:

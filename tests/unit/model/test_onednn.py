@@ -65,6 +65,19 @@ def test_the_few_rows_regime_is_not_taken_where_one_row_would_get_slower() -> No
     assert plan == onednn.LinearPlan(few=False, many=True)
 
 
+def test_the_few_rows_probes_pack_a_bounded_prefix_of_the_weights(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Six 16 KiB weights and one of another shape, a budget of two: the few-rows probes
+    # read the first two, the many-rows probe one of each shape; nothing else is packed.
+    weights = [torch.randn(64, 64) for _ in range(6)] + [torch.randn(32, 64)]
+    monkeypatch.setattr(onednn, "STREAMED_PROBE_BYTES", 2 * 64 * 64 * 4)
+    packed: list[torch.Tensor] = []
+    pack = onednn.pack
+    monkeypatch.setattr(onednn, "pack", lambda w: packed.append(w) or pack(w))
+    onednn.choose(weights, lambda x, w: x, KERNEL_MAX_ROWS)
+    assert [id(w) for w in packed] == [id(weights[0]), id(weights[1]), id(weights[6])]
+    assert onednn.leading_bytes(weights, 1) == weights[:1]
+
+
 def test_greedy_matches_transformers_with_onednn_everywhere(monkeypatch, llama_dir, hf_refs) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("PDMESH_ONEDNN", "always")
     prompts = mixed_prompts(10, seed=1)

@@ -56,6 +56,9 @@ class WorkerInfo:
     """Recent cost of one prompt token in prefill steps (0 until measured)."""
     kvstore_us_per_token: float = 0.0
     """Recent cost of one prompt token fetched from the kvstore (0 until measured)."""
+    publishes_index: bool = False
+    """The kvstore publishes what it holds into the prefix index (a prefill worker may then
+    trust the router's index lookup instead of asking the kvstore)."""
 
 
 @dataclass(frozen=True, slots=True)

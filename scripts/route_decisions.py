@@ -77,7 +77,7 @@ async def run(url: str, workers: int, preload: int, profile: bool) -> None:
         if profiler:
             profiler.enable()
         t = time.perf_counter()
-        decision, _, _ = await router.choose(chain, chain[0], len(prompt), candidates)
+        decision, _ = await router.choose(chain, chain[0], len(prompt), candidates)
         took.append(time.perf_counter() - t)
         if profiler:
             profiler.disable()

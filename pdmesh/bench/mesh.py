@@ -2,8 +2,9 @@
 
 All in one run on this machine, so ratios are what to read:
 1. the same workload through the mesh (1 prefill + 1 decode, as ``pdmesh up`` starts them)
-   and in process: output throughput ratio and the TTFT the mesh adds (p50 / p90), and a
-   lone request's, each prompt alternated between the two;
+   and in process: output throughput ratio and the TTFT the mesh adds (p50 / p90); and a
+   lone request's TTFT through the mesh against one worker and in process, alternated
+   (``lone.py``);
 2. ``cache_aware`` vs ``round_robin`` with 2 prefill workers on shared-prefix traffic
    (groups x prompts with a long shared prefix; prefill pools sized so that one worker can
    hold half the prefixes): prefix-cache hit rate and TTFT p90;
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import random
 import threading
@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from pdmesh.bench.lone import bench_lone
 from pdmesh.bench.mesh_index import bench_index
 from pdmesh.bench.raw_nixl import raw_nixl_gib_s
 from pdmesh.bench.report_row import Row
@@ -130,59 +131,14 @@ def bench_vs_engine(args: argparse.Namespace, rows: list[Row], prompts: list[lis
     local = _in_process(args.model, args.dtype, prompts, out)
     spec = MeshSpec(model=args.model, prefill=1, decode=1, worker_args=_worker_args(args, 2048))
     spec.router_args += spec.colocated_router_args()  # as `pdmesh up` starts it
-    # The mesh's own overhead: one request at a time against one engine on the same cores
-    # (the workers split them, but an idle decode worker lends its share to the prefill).
-    cores = os.cpu_count() or 1
-    share = args.threads or (cores if spec.splits_cpu_cores() else max(1, cores // 2))
-    lone = random.Random(1)  # prompts no earlier request cached
-    fresh = [[lone.randrange(10, 1000) for _ in range(plen)] for _ in range(16)]
     with Mesh(spec) as mesh:
         _mesh_workload(mesh.router_address, prompts[:2], 2, 2)  # warm-up
         remote = _mesh_workload(mesh.router_address, prompts, out, n)
-        alone_mesh, alone_local = _lone_ttfts(args, mesh.router_address, fresh, share)
     label = f"{n} x {plen} in + {out} out, all at once"
     rows.append(Row("mesh vs in-process", f"output tok/s ({label})", remote["tok_s"], local["tok_s"]))
     rows.append(Row("mesh vs in-process", "TTFT p50 added (ms)", 1000 * (remote["ttft_p50"] - local["ttft_p50"])))
     rows.append(Row("mesh vs in-process", "TTFT p90 added (ms)", 1000 * (remote["ttft_p90"] - local["ttft_p90"])))
-    rows.append(Row("mesh vs in-process", f"TTFT p50 added, one request at a time, {share} thread(s) (ms)",
-                    1000 * (pct(alone_mesh, 0.5) - pct(alone_local, 0.5)),
-                    note=f"mesh {1000 * pct(alone_mesh, 0.5):.1f} / in process {1000 * pct(alone_local, 0.5):.1f}"))
-
-
-def _lone_ttfts(args: argparse.Namespace, address: str, prompts: list[list[int]], threads: int
-                ) -> tuple[list[float], list[float]]:
-    """Each prompt alone through the mesh, then alone through an engine in this process,
-    alternated: run one after the other, the two halves of this figure landed in different
-    phases of a drifting machine (a 2-core Zen 3 gave +5.5 to +37.8 ms in three runs). A
-    gap of 2.5x ``LEND_AFTER_IDLE_S`` before each request lets an idle worker lend its
-    cores again, as in ``scripts/lone_ttft_hops.py``."""
-    import torch
-
-    from pdmesh.bench.engine import _run_engine
-    from pdmesh.client import Client
-    from pdmesh.engine.async_engine import LEND_AFTER_IDLE_S
-    from pdmesh.engine.llm_engine import LLMEngine
-
-    gap_s = 2.5 * LEND_AFTER_IDLE_S
-    saved = torch.get_num_threads()
-    engine = LLMEngine.from_model(args.model, dtype=args.dtype, threads=threads)
-    mesh_s: list[float] = []
-    local_s: list[float] = []
-    try:
-        _run_engine(engine, [list(reversed(p)) for p in prompts[:2]], 2)  # warm-up, other prompts
-        with Client(address) as client:
-            for p in prompts:
-                time.sleep(gap_s)
-                t0 = time.monotonic()
-                first = 0.0
-                for resp in client.generate(p, max_tokens=1, temperature=0):
-                    first = first or (time.monotonic() - t0 if resp.token_ids else 0.0)
-                mesh_s.append(first)
-                time.sleep(gap_s)
-                local_s.append(_run_engine(engine, [p], 1)["ttft_p50"])
-    finally:
-        torch.set_num_threads(saved)
-    return mesh_s, local_s
+    bench_lone(args, rows, _worker_args(args, 2048), plen)
 
 
 def bench_kv_transfer(args: argparse.Namespace, rows: list[Row], prompts: list[list[int]], out: int) -> None:

@@ -27,15 +27,20 @@ def reserve_request(rid: str, ids: list[int], params: SamplingParams, lease_ms: 
     return msg
 
 
-def prefill_request(rid: str, ids: list[int], params: SamplingParams, handle: Any) -> worker_pb2.PrefillRequest:
+def prefill_request(rid: str, ids: list[int], params: SamplingParams, handle: Any,
+                    outside: dict[str, int] | None = None) -> worker_pb2.PrefillRequest:
     """``handle`` is the decode worker's ``KvHandle``, forwarded as it came; None: it follows
-    in a second message (``PrefillStream``, ``destination_message``)."""
+    in a second message (``PrefillStream``, ``destination_message``). ``outside``: what the
+    router's index lookup listed beyond the prefill workers (None: it did not read the index)."""
     msg = worker_pb2.PrefillRequest(
         request_id=rid, prompt_token_ids=ids, sampling=sampling_to_proto(params),
         cache_salt=params.cache_salt or "",
     )
     if handle is not None:
         msg.destination.CopyFrom(handle)
+    if outside is not None:
+        msg.index_view.SetInParent()  # present even when it lists nothing
+        msg.index_view.tier_blocks.update(outside)
     return msg
 
 

@@ -25,7 +25,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model", "dtype", "block_size", "hash_algorithm", "hash_seed", "num_blocks", "free_blocks", "num_running", "num_waiting", "nixl_metadata", "kv_base_addr", "kv_block_bytes", "epoch", "compat_hash", "kv_mem_type", "kv_device_id", "used_blocks", "cached_blocks", "num_handoffs", "computed_prompt_tokens", "cached_prompt_tokens", "kv_bytes_sent", "expired_leases", "kv_transfer_seconds", "kvstore_fetched_tokens", "kvstore_offloaded_blocks", "overlapped_blocks", "queued_prefill_tokens", "prefill_us_per_token", "kvstore_us_per_token")
+    __slots__ = ("worker_id", "role", "model", "dtype", "block_size", "hash_algorithm", "hash_seed", "num_blocks", "free_blocks", "num_running", "num_waiting", "nixl_metadata", "kv_base_addr", "kv_block_bytes", "epoch", "compat_hash", "kv_mem_type", "kv_device_id", "used_blocks", "cached_blocks", "num_handoffs", "computed_prompt_tokens", "cached_prompt_tokens", "kv_bytes_sent", "expired_leases", "kv_transfer_seconds", "kvstore_fetched_tokens", "kvstore_offloaded_blocks", "overlapped_blocks", "queued_prefill_tokens", "prefill_us_per_token", "kvstore_us_per_token", "publishes_index")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class WorkerInfo(_message.Message):
     QUEUED_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_US_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KVSTORE_US_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHES_INDEX_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: WorkerRole
     model: str
@@ -90,7 +91,8 @@ class WorkerInfo(_message.Message):
     queued_prefill_tokens: int
     prefill_us_per_token: float
     kvstore_us_per_token: float
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., kvstore_fetched_tokens: _Optional[int] = ..., kvstore_offloaded_blocks: _Optional[int] = ..., overlapped_blocks: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., kvstore_us_per_token: _Optional[float] = ...) -> None: ...
+    publishes_index: bool
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., kvstore_fetched_tokens: _Optional[int] = ..., kvstore_offloaded_blocks: _Optional[int] = ..., overlapped_blocks: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., kvstore_us_per_token: _Optional[float] = ..., publishes_index: _Optional[bool] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "resume_token_ids", "resume_text_chars", "feed_id")
@@ -133,18 +135,33 @@ class KvHandle(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., first_block: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compat_hash: _Optional[str] = ..., lease_expiry_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ..., worker_address: _Optional[str] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "destination")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "destination", "index_view")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_VIEW_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     cache_salt: str
     destination: KvHandle
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., destination: _Optional[_Union[KvHandle, _Mapping]] = ...) -> None: ...
+    index_view: IndexView
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., destination: _Optional[_Union[KvHandle, _Mapping]] = ..., index_view: _Optional[_Union[IndexView, _Mapping]] = ...) -> None: ...
+
+class IndexView(_message.Message):
+    __slots__ = ("tier_blocks",)
+    class TierBlocksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TIER_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    tier_blocks: _containers.ScalarMap[str, int]
+    def __init__(self, tier_blocks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms", "first_text", "first_stopped")

@@ -45,7 +45,7 @@ class StorePool:
             num_blocks=s.capacity, free_blocks=len(s.free), used_blocks=len(s.stored),
             nixl_metadata=t.metadata(), kv_base_addr=t.base_addr, kv_block_bytes=t.block_bytes,
             epoch=self.epoch, compat_hash=self.compat, kv_mem_type=t.mem_type,
-            num_handoffs=len(s.reservations),
+            num_handoffs=len(s.reservations), publishes_index=bool(self.cfg.redis_url),
         )
 
     def close(self) -> None:

@@ -65,6 +65,9 @@ class PrefillJob:
     user_stops: bool = False
     """The user asked for stop strings: the first token's text may be held back by the
     decode worker's detokenizer, so it is not rendered here."""
+    listed: dict[str, int] | None = None
+    """The router's index view (``PrefillRequest.index_view``): leading prompt blocks per
+    holder beyond the prefill workers; None when the router did not read the index."""
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -125,7 +128,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         bind_request(rid, span)
         job = PrefillJob(rid, ids, params, destination,
                          min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
-                         span, time.perf_counter(), user_stops=bool(user.stop))
+                         span, time.perf_counter(), user_stops=bool(user.stop),
+                         listed=dict(request.index_view.tier_blocks) if request.HasField("index_view") else None)
         try:
             return await self._run(job)
         except Exception as exc:
@@ -140,7 +144,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         timer = core.request_metrics.stream()
         if self.tier is not None:
             fetch = tracing.start_span("kvstore.fetch", sctx)
-            fetched = await self.tier.fetch(job.prompt, job.params, tracing.child_context(fetch))
+            fetched = await self.tier.fetch(job.prompt, job.params, job.listed, tracing.child_context(fetch))
             fetch.set_attribute("pdmesh.fetched_tokens", fetched)
             fetch.end()
         sender = ChunkSender(core, job.request_id, job.destination, job.transfer_timeout_s, job.span)

@@ -32,7 +32,7 @@ from services.router.config import FOLLOW_LIMIT, RouterConfig
 from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
 from services.router.policies import Decision, RouteContext, build_policy
-from services.router.prefill_routing import PrefillRouter
+from services.router.prefill_routing import IndexSeen, PrefillRouter
 from services.router.recent import RecentRoutes
 from services.router.registry import Registry, WorkerHandle
 
@@ -153,20 +153,22 @@ class RouterCore:
         return self.hasher.hash_tokens(ids, extra_keys_for(params.cache_salt))
 
     async def route_prefill(self, ids: list[int], hashes: list[BlockHash], exclude: set[str],
-                            ctx: Any = None) -> Decision | None:
+                            ctx: Any = None) -> tuple[Decision | None, IndexSeen]:
+        """The prefill worker (None: no candidate) and what the index said of the prompt."""
         candidates = [w for w in self.workers.healthy("prefill") if w.worker_id not in exclude]
         if not candidates:
-            return None
+            return None, IndexSeen()
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")
         lookup = tracing.start_span("index.lookup", ctx, blocks=len(hashes))
-        decision, matched, tier = await self.prefill_router.choose(hashes, key, len(ids), candidates,
-                                                                   remember=False)  # settle_route does
-        lookup.set_attribute("pdmesh.index_available", matched is not None)
-        if matched:  # the candidates' scores' main input: cached leading blocks per worker
-            lookup.set_attribute("pdmesh.matched_blocks", ",".join(f"{w}={n}" for w, n in sorted(matched.items())))
-        lookup.set_attribute("pdmesh.kvstore_blocks", tier)
+        decision, seen = await self.prefill_router.choose(hashes, key, len(ids), candidates,
+                                                          remember=False)  # settle_route does
+        lookup.set_attribute("pdmesh.index_available", seen.matched is not None)
+        if seen.matched:  # the candidates' scores' main input: cached leading blocks per worker
+            lookup.set_attribute("pdmesh.matched_blocks",
+                                 ",".join(f"{w}={n}" for w, n in sorted(seen.matched.items())))
+        lookup.set_attribute("pdmesh.kvstore_blocks", seen.tier)
         lookup.end()
-        return decision
+        return decision, seen
 
     def unservable(self) -> str:
         """Why the mesh cannot serve a request now ("" when it can)."""

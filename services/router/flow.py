@@ -90,6 +90,9 @@ class RequestFlow:
     attempt: int = 0
     """Which attempt at the workers this is: 0 first; a retry before the stream or a
     migration starts the next."""
+    outside: dict[str, int] | None = None
+    """What the index lookup of the current attempt listed outside the candidates (the
+    kvstore tier): sent to the prefill worker (``IndexSeen.outside``)."""
 
     @property
     def call_id(self) -> str:
@@ -151,7 +154,8 @@ class RequestFlow:
         core, decode = self.core, self.decode_worker()
         span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
                                   candidates=len(core.workers.healthy("prefill")))
-        choice = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
+        choice, seen = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
+        self.outside = seen.outside
         reason = core.local_reason(choice, self.prompt, self.decode_held, decode)
         span.set_attributes({
             "pdmesh.policy": core.prefill_router.policy.name,

@@ -68,7 +68,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
     call = prefill_stub(prefill.address).PrefillStream(metadata=flow.metadata, timeout=flow.left())
     reserve = d_stub.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
     flow.start_call(CallGroup((call, reserve)))
-    await send(call, messages.prefill_request(rid, flow.prompt, flow.params, None))
+    await send(call, messages.prefill_request(rid, flow.prompt, flow.params, None, flow.outside))
     try:
         handle = await reserve
     except grpc.aio.AioRpcError as exc:

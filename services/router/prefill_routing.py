@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -21,6 +22,23 @@ from services.router.recent import RecentRoutes
 from services.router.registry import WorkerHandle
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IndexSeen:
+    """What one prefill decision saw of the prompt's holders."""
+
+    matched: dict[str, int] | None = None
+    """Leading cached blocks per candidate holding any (None: the index is down)."""
+    tier: int = 0
+    """Leading blocks in the kvstore tier."""
+    holders: list[WorkerHandle] = field(default_factory=list)
+    """The candidates in ``matched``."""
+    outside: dict[str, int] | None = None
+    """Leading blocks per index member that is not a candidate (the kvstore, prefill workers
+    not eligible now), the most over its epochs; None when the index was not read. The
+    chosen prefill worker takes its kvstore's count from it instead of asking the kvstore
+    (``PrefillRequest.index_view``)."""
 
 
 class PrefillRouter:
@@ -43,27 +61,25 @@ class PrefillRouter:
 
     async def choose(self, hashes: list[BlockHash], key: bytes, num_tokens: int,
                      candidates: list[WorkerHandle], remember: bool = True,
-                     ) -> tuple[Decision, dict[str, int] | None, int]:
-        """The policy's decision, and what it saw: cached blocks per worker (None: index
-        down) and blocks in the kvstore tier. With ``remember``, the chosen worker is
+                     ) -> tuple[Decision, IndexSeen]:
+        """The policy's decision, and what it saw. With ``remember``, the chosen worker is
         remembered as holding the prompt's blocks until the index says so itself; a caller
         that may still prefill elsewhere remembers once it knows (``recent.remember``)."""
-        matched, tier, holders = await self.matched(hashes, candidates)
-        ctx = RouteContext(hashes, key, matched, self.block_size, tier, num_tokens, holders,
+        seen = await self.matched(hashes, candidates)
+        ctx = RouteContext(hashes, key, seen.matched, self.block_size, seen.tier, num_tokens, seen.holders,
                            recurring=self.recent.recurs(key))
         decision = self.policy.choose(candidates, ctx)
         if remember:
             self.recent.remember(hashes, decision.worker.worker_id)
-        return decision, matched, tier
+        return decision, seen
 
-    async def matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]
-                      ) -> tuple[dict[str, int] | None, int, list[WorkerHandle]]:
+    async def matched(self, hashes: list[BlockHash], candidates: list[WorkerHandle]) -> IndexSeen:
         """Leading cached blocks per live prefill worker, in the kvstore tier, and the
         candidates holding any (the policy's holders, found here in the one pass over the
         candidates a decision makes, and only when someone holds the prompt: at 1,000
         workers each pass costs ~0.1 ms)."""
         if self.index is None:
-            return None, 0, []
+            return IndexSeen()
         began = time.perf_counter()
         try:
             found = await self.index.longest_prefix(hashes)
@@ -76,11 +92,11 @@ class PrefillRouter:
             if isinstance(exc, RedisTimeoutError | TimeoutError):
                 self.index_timeouts += 1
                 matched = _holding(candidates, {}, self.recent.depths(hashes))
-                return {w.worker_id: n for w, n in matched.items()}, 0, list(matched)
+                return IndexSeen({w.worker_id: n for w, n in matched.items()}, 0, list(matched))
             self.index_fallbacks += 1
             if self.index_failing_since is None:
                 self.index_failing_since = self.clock()
-            return None, 0, []
+            return IndexSeen()
         finally:
             self.last_lookup_s = time.perf_counter() - began
         tier = 0
@@ -90,8 +106,13 @@ class PrefillRouter:
                 tier = max(tier, n)
             else:  # a restarted worker can be listed under its old epoch and its new one
                 indexed.setdefault(wid, {})[epoch] = n
-        matched = _holding(candidates, indexed, self.recent.depths(hashes))
-        return {w.worker_id: n for w, n in matched.items()}, tier, list(matched)
+        holding = _holding(candidates, indexed, self.recent.depths(hashes))
+        matched = {w.worker_id: n for w, n in holding.items()}
+        outside: dict[str, int] = {}
+        for (wid, _), n in found.items():  # the prompt's holders only: no pass over the candidates
+            if wid not in matched:
+                outside[wid] = max(n, outside.get(wid, 0))
+        return IndexSeen(matched, tier, list(holding), outside)
 
     def health(self) -> str:
         if self.index is None:

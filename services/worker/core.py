@@ -48,6 +48,10 @@ class Counters:
     cached_prompt_tokens: int = 0
     feed_misses: int = 0
     """Decode calls that named a token feed not open here (their tokens went on the call)."""
+    kvstore_lookups: int = 0
+    kvstore_lookups_skipped: int = 0
+    """Prompts whose kvstore lookup was skipped: the router's index lookup listed no more
+    of them in the kvstore than this worker held (``KVStoreTier.fetch``)."""
 
 
 def _transport(name: str, region: KVRegion) -> KVTransport:

@@ -18,6 +18,7 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
     prompt = c.cached_prompt_tokens + c.computed_prompt_tokens
     blocks = "KV blocks by state"
     tokens = "Prompt tokens by source"
+    lookups = "Prefill kvstore lookups: asked, or skipped on the router's index lookup"
     return [
         ("gauge", "pdmesh_kv_blocks", blocks, s.used, {**role, "state": "used"}),
         ("gauge", "pdmesh_kv_blocks", blocks, s.free, {**role, "state": "free"}),
@@ -42,6 +43,8 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
          c.expired_leases, role),
         ("counter", "pdmesh_feed_misses", "Decode calls naming a token feed not open here (streamed on the call)",
          c.feed_misses, role),
+        ("counter", "pdmesh_kvstore_lookups", lookups, c.kvstore_lookups, {**role, "outcome": "asked"}),
+        ("counter", "pdmesh_kvstore_lookups", lookups, c.kvstore_lookups_skipped, {**role, "outcome": "skipped"}),
         *_spec_samples(core, role),
         *_core_share_samples(core, role),
     ]

@@ -105,18 +105,22 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
 
     async def main() -> None:
         # p0 restarted too: its old epoch's longer entry must not count, whichever comes first.
-        for wid, epoch, n in (("p0", "e1", 6), ("p0", "old", 9), ("p1", "old", 5), ("p2", "e1", 4)):
+        for wid, epoch, n in (("p0", "e1", 6), ("p0", "old", 9), ("p1", "old", 5), ("p2", "e1", 4),
+                              ("kvstore-0", "k1", 7), ("kvstore-0", "k0", 3)):
             await IndexPublisher(redis_url, wid, epoch, f"x:{wid}").apply([BlockStored(tuple(CHAIN[:n]), None)])
         router = PrefillRouter(build_policy("cache_aware", RouterConfig(model="m")), PrefixIndex(redis_url), 16)
         p0, p1, p2, p3 = handle("p0", "e1"), handle("p1", "e1"), handle("p2", "e1"), handle("p3", "e1")
-        matched, tier, holders = await router.matched(CHAIN, [p0, p1, p3])
+        seen = await router.matched(CHAIN, [p0, p1, p3])
         # p1 restarted (its entries are of an older epoch); p2 is not a candidate.
-        assert (matched, tier, holders) == ({"p0": 6}, 0, [p0])
+        assert (seen.matched, seen.tier, seen.holders) == ({"p0": 6}, 7, [p0])
+        # What the chosen worker is told lies beyond the candidates holding the prompt: the
+        # kvstore (its longest epoch) and the members not counted as holders.
+        assert seen.outside == {"kvstore-0": 7, "p1": 5, "p2": 4}
         router.recent.remember(CHAIN[:8], "p3")  # routed there, not yet indexed
-        matched, _, holders = await router.matched(CHAIN, [p0, p1, p3])
-        assert matched == {"p0": 6, "p3": 8} and set(holders) == {p0, p3}
-        matched, _, holders = await router.matched(CHAIN, [p0, p2, p3])  # p2 became a candidate
-        assert matched == {"p0": 6, "p2": 4, "p3": 8} and set(holders) == {p0, p2, p3}
+        seen = await router.matched(CHAIN, [p0, p1, p3])
+        assert seen.matched == {"p0": 6, "p3": 8} and set(seen.holders) == {p0, p3}
+        seen = await router.matched(CHAIN, [p0, p2, p3])  # p2 became a candidate
+        assert seen.matched == {"p0": 6, "p2": 4, "p3": 8} and set(seen.holders) == {p0, p2, p3}
         # A decision records the prompt's routing key: the next one with it recurs.
         assert not router.recent.recurs(b"fresh")
         await router.choose(CHAIN, b"key", 256, [p0, p1, p3])

@@ -187,7 +187,7 @@ class Simulation:
         hashes = self.hasher.hash_tokens(job.tokens)
         candidates = [w.handle for w in self.workers]
         began = time.perf_counter()
-        decision, _, _ = await self.router.choose(hashes, hashes[0] if hashes else b"", len(job.tokens), candidates)
+        decision, _ = await self.router.choose(hashes, hashes[0] if hashes else b"", len(job.tokens), candidates)
         took = time.perf_counter() - began
         self.decisions[decision.reason] += 1
         worker = self.workers[int(decision.worker.address.split(":")[1])]

@@ -15,6 +15,7 @@ from pdmesh.launcher import Mesh
 from pdmesh.v1 import admin_pb2
 from tests.conftest import HFReference, mixed_prompts
 from tests.integration.mesh.conftest import admin, infos, wait_idle
+from tests.integration.mesh.test_metrics import scrape, total
 
 MAX_NEW = 16
 
@@ -162,7 +163,7 @@ def test_evicted_prefix_is_fetched_from_the_kvstore_not_recomputed(mesh: Mesh, c
     fillers = [[rng.randrange(5, 1000) for _ in range(150)] for _ in range(120)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda p: client.complete(p, max_tokens=1, temperature=0), fillers))
-    before = infos(mesh)
+    before, asked = infos(mesh), kvstore_lookups(mesh)
     out = client.complete(prefix + [21, 22, 23], max_tokens=2, temperature=0)
     after = infos(mesh)
     fetched = sum(after[n].kvstore_fetched_tokens - before[n].kvstore_fetched_tokens for n in after)
@@ -170,6 +171,26 @@ def test_evicted_prefix_is_fetched_from_the_kvstore_not_recomputed(mesh: Mesh, c
     assert fetched == 128
     assert computed == len(prefix) + 3 - 128  # only the suffix was computed
     assert out.cached_tokens >= 128
+    # The index listed the prefix in the kvstore: the prefill worker asked it.
+    assert kvstore_lookups(mesh)["asked"] - asked["asked"] == 1
+
+
+def kvstore_lookups(mesh: Mesh) -> dict[str, float]:
+    """The prefill workers' kvstore lookups, asked and skipped, summed."""
+    samples = [scrape(p.metrics_address) for p in mesh.prefill]
+    return {outcome: sum(total(m, "pdmesh_kvstore_lookups_total", outcome=outcome) for m in samples)
+            for outcome in ("asked", "skipped")}
+
+
+def test_a_fresh_prompt_skips_the_kvstore_lookup_the_index_answered(mesh: Mesh, client: Client) -> None:
+    """The router's index lookup lists what the kvstore publishes: nothing of a fresh
+    prompt, so the prefill worker computes it without asking the store first."""
+    rng = random.Random(83)
+    before = kvstore_lookups(mesh)
+    for _ in range(3):
+        client.complete([rng.randrange(5, 1000) for _ in range(100)], max_tokens=1, temperature=0)
+    after = kvstore_lookups(mesh)
+    assert (after["asked"] - before["asked"], after["skipped"] - before["skipped"]) == (0, 3)
 
 
 def test_blocks_travel_while_later_chunks_compute(mesh: Mesh, client: Client, hf_refs) -> None:  # type: ignore[no-untyped-def]

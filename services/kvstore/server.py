@@ -15,17 +15,10 @@ from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
 from services.kvstore import servicer
 from services.kvstore.config import KVStoreConfig
+from services.kvstore.pace import ProgressPace, progress_pump
 from services.kvstore.pool import StorePool
 
 NAMES = [servicer.SERVICE]
-
-
-async def progress_pump(pool: StorePool) -> None:
-    """Drive this agent's UCX progress: peers' WRITEs into and READs from our slots need it
-    (there is no NIXL progress thread; it would spin a core). Fast while writes are pending."""
-    while True:
-        pool.transport.progress()
-        await asyncio.sleep(0.0005 if pool.store.reservations else 0.002)
 
 
 def _registry(pool: StorePool) -> CollectorRegistry:
@@ -40,18 +33,20 @@ def _registry(pool: StorePool) -> CollectorRegistry:
     return registry
 
 
-def create_server(cfg: KVStoreConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, StorePool]:
+def create_server(cfg: KVStoreConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, StorePool,
+                                               ProgressPace]:
     server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", NAMES,
                                                        tls=TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca))
     pool = StorePool(cfg)
-    servicer.add_to_server(server, pool)
-    return server, port, health_servicer, pool
+    pace = ProgressPace()
+    servicer.add_to_server(server, pool, pace)
+    return server, port, health_servicer, pool, pace
 
 
 async def serve(cfg: KVStoreConfig) -> None:
-    server, port, health_servicer, pool = create_server(cfg)
+    server, port, health_servicer, pool, pace = create_server(cfg)
     address = advertised(cfg.advertise_address, cfg.host, port)
-    tasks = [asyncio.create_task(progress_pump(pool))]
+    tasks = [asyncio.create_task(progress_pump(pool, pace))]
     if cfg.redis_url:
         from pdmesh.index.publisher import IndexPublisher
 

@@ -29,3 +29,23 @@ def test_pinned_slots_are_not_evicted_and_failed_writes_free_slots() -> None:
     s2 = BlockStore(capacity=2)
     rid, slots = s2.reserve([H[0], H[1]])
     assert s2.commit(rid, ok=False) == 0 and sorted(s2.free) == [0, 1]
+
+
+def test_the_progress_pace_is_fast_only_while_a_transfer_may_wait_for_it() -> None:
+    import time
+
+    from pdmesh.kv.transfer.poller import AWAIT_INTERVAL_S, IDLE_INTERVAL_S
+    from services.kvstore.pace import ProgressPace
+
+    s, pace = BlockStore(capacity=2, reservation_ttl_s=0.05), ProgressPace()
+    assert pace.interval(s) == IDLE_INTERVAL_S  # nothing announced: idle rate
+    s.reserve([H[0]])
+    pace.writes_expected()
+    assert pace.wake.is_set() and pace.interval(s) == AWAIT_INTERVAL_S  # an offload's writes
+    time.sleep(0.06)
+    assert pace.interval(s) == IDLE_INTERVAL_S  # its writer never committed: lapsed, idle again
+    assert not s.reservations
+    pace.reads_expected()
+    assert pace.interval(s) == AWAIT_INTERVAL_S  # a fetch's READ follows its lookup
+    pace.reads_until = time.monotonic()  # the read window over
+    assert pace.interval(s) == IDLE_INTERVAL_S

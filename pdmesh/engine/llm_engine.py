@@ -45,8 +45,8 @@ from pdmesh.tokenizer import Tokenizer
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        if config.probe_threads or config.num_threads:
+            torch.set_num_threads(config.probe_threads or config.num_threads or 1)
         self.allocator = keep_freed_memory() if config.device == "cpu" else None
         self.tokenizer = Tokenizer(config.model)
         self.max_model_len = ModelConfig.from_dir(config.model).context_limit(config.max_model_len)
@@ -63,7 +63,9 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, cfg, dtype, num_blocks, cc.block_size, self.kv,
             build_backend(config.attention_backend, config.device), config.device,
-        )
+        )  # measures the oneDNN plan (``use_onednn``)
+        if config.probe_threads and config.num_threads:
+            torch.set_num_threads(config.num_threads)  # probed: back to the engine's own
         self.admission = Admission(self.tokenizer, cfg.vocab_size, self.max_model_len,
                                    num_blocks, cc.block_size)
         eos = cfg.eos_token_ids or (

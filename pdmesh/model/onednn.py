@@ -105,8 +105,9 @@ def choose(weights: list[torch.Tensor], current: Product, max_few_rows: int, alw
                 for rows in (ONE_ROW_PROBE, few_rows))
     many = _gain([(w, packed[id(w)]) for w in per_shape.values()], MANY_ROWS_PROBE, current)
     plan = LinearPlan(few=few >= MARGIN and one >= ONE_ROW_FLOOR, many=many >= MARGIN)
-    log.info("linear products: oneDNN packed vs current %.2fx at %d row, %.2fx at %d rows, %.2fx at %d rows: "
-             "oneDNN for %s", one, ONE_ROW_PROBE, few, few_rows, many, MANY_ROWS_PROBE,
+    log.info("linear products on %d thread(s): oneDNN packed vs current %.2fx at %d row, %.2fx at %d rows, "
+             "%.2fx at %d rows: oneDNN for %s", torch.get_num_threads(), one, ONE_ROW_PROBE, few, few_rows, many,
+             MANY_ROWS_PROBE,
              "few and many rows" if plan.few and plan.many else "few rows" if plan.few
              else "many rows" if plan.many else "neither (MKL / pdmesh's kernel kept)")
     return plan

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Literal
 
-from pdmesh.config import EngineArgs
+from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.service_config import ServerConfig
 
 
@@ -34,3 +36,9 @@ class WorkerConfig(EngineArgs, ServerConfig):
 
     def resolved_id(self, port: int) -> str:
         return self.worker_id or f"{self.role}-{port}"
+
+    def engine_config(self) -> EngineConfig:
+        config = super().engine_config()
+        if self.core_share:  # a lone prompt computes on every core it borrows: probe there
+            return dataclasses.replace(config, probe_threads=os.cpu_count() or None)
+        return config

@@ -17,13 +17,29 @@ import argparse
 import contextlib
 import os
 import random
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from pdmesh.bench.report_row import Row
 from pdmesh.bench.stats import pct
+from pdmesh.engine.step_log import ENV
 from pdmesh.launcher import Mesh, MeshSpec
 
 WAYS = ("mesh", "one worker", "in process")
+
+
+@dataclass
+class Lone:
+    """One request of the row."""
+
+    way: str
+    started: float
+    """``time.monotonic()`` when it was sent (the clock step logs use, in every process)."""
+    ttft: float
+    forward: float | None = None
+    """Its prompt's forward pass in whichever process ran it, from the step logs."""
 
 
 def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str], plen: int) -> None:
@@ -37,20 +53,33 @@ def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str]
     cores = os.cpu_count() or 1
     # The engine gets the cores one worker of the mesh computes a lone prompt on.
     threads = args.threads or (cores if mesh.splits_cpu_cores() else max(1, cores // 2))
-    ttfts = lone_ttfts(args, {"mesh": mesh, "one worker": one}, prompts, threads)
-    p50 = {way: 1000 * pct(ttfts[way], 0.5) for way in WAYS}
-    note = " / ".join(f"{way} {p50[way]:.1f}" for way in WAYS)
+    with tempfile.TemporaryDirectory(prefix="pdmesh-lone-") as tmp:
+        lone = lone_ttfts(args, {"mesh": mesh, "one worker": one}, prompts, threads, Path(tmp) / "steps")
+    ttft = {way: 1000 * pct([r.ttft for r in lone if r.way == way], 0.5) for way in WAYS}
     label = f"{plen}-token prompts, one at a time, {n} each way"
-    rows.append(Row("lone request", f"TTFT p50 added vs one worker ({label}) (ms)",
-                    p50["mesh"] - p50["one worker"], note=note))
+    rows.append(Row("lone request", f"TTFT p50 added vs one worker ({label}) (ms)", ttft["mesh"] - ttft["one worker"],
+                    note=" / ".join(f"{way} {ttft[way]:.1f}" for way in WAYS)))
     rows.append(Row("lone request", f"TTFT p50 added vs in process, {threads} thread(s) (ms)",
-                    p50["mesh"] - p50["in process"], note="the engine alone: no gRPC, no server"))
+                    ttft["mesh"] - ttft["in process"], note="the engine alone: no gRPC, no server"))
+    timed = [r for r in lone if r.forward is not None]
+    if {r.way for r in timed} != set(WAYS):
+        return  # a way whose forward passes no step log timed: nothing to subtract
+    rest = {way: 1000 * pct([r.ttft - (r.forward or 0.0) for r in timed if r.way == way], 0.5) for way in WAYS}
+    fwd = {way: 1000 * pct([r.forward or 0.0 for r in timed if r.way == way], 0.5) for way in WAYS}
+    rows.append(Row("lone request", "TTFT p50 beyond the forward pass, added vs one worker (ms)",
+                    rest["mesh"] - rest["one worker"],
+                    note="TTFT - forward: " + " / ".join(f"{way} {rest[way]:.1f}" for way in WAYS)
+                    + "; forward: " + " / ".join(f"{way} {fwd[way]:.1f}" for way in WAYS)))
 
 
 def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: list[list[int]],
-               threads: int) -> dict[str, list[float]]:
-    """Seconds to the first token of each prompt by way (``specs``' meshes and an engine in
-    this process on ``threads``), the ways taking turns in a shuffled order each round."""
+               threads: int, step_log: Path) -> list[Lone]:
+    """Each prompt's first token by way (``specs``' meshes and an engine in this process on
+    ``threads``), the ways taking turns in a shuffled order each round; every process logs
+    its steps to ``step_log`` (``PDMESH_STEP_LOG``), whose forward passes are matched to the
+    requests by time. A process computes at its own pace for its life (on a 2-core Zen 3
+    the same prompt's forward p50 differed by up to 15% between processes), so TTFT less
+    the forward is what the mesh's hops cost."""
     import torch
 
     from pdmesh.bench.engine import _run_engine
@@ -59,22 +88,24 @@ def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: li
     from pdmesh.engine.llm_engine import LLMEngine
 
     order = random.Random(2)
-    out: dict[str, list[float]] = {way: [] for way in WAYS}
+    out: list[Lone] = []
     saved = torch.get_num_threads()
-    engine = LLMEngine.from_model(args.model, dtype=args.dtype, threads=threads)
+    saved_env = os.environ.get(ENV)
+    os.environ[ENV] = str(step_log)  # the meshes' processes and this engine log their steps
     try:
+        engine = LLMEngine.from_model(args.model, dtype=args.dtype, threads=threads)
         with contextlib.ExitStack() as stack:
             clients = {way: stack.enter_context(Client(stack.enter_context(Mesh(spec)).router_address))
                        for way, spec in specs.items()}
 
-            def first_token(way: str, prompt: list[int]) -> float:
-                if way == "in process":
-                    return _run_engine(engine, [prompt], 1)["ttft_p50"]
+            def first_token(way: str, prompt: list[int]) -> Lone:
                 t0 = time.monotonic()
+                if way == "in process":
+                    return Lone(way, t0, _run_engine(engine, [prompt], 1)["ttft_p50"])
                 first = 0.0
                 for resp in clients[way].generate(prompt, max_tokens=1, temperature=0):
                     first = first or (time.monotonic() - t0 if resp.token_ids else 0.0)
-                return first  # read to the end: a stream left early is cancelled meanwhile
+                return Lone(way, t0, first)  # read to the end: a stream left early is cancelled meanwhile
 
             for way in WAYS:  # warm-up: connections, NIXL peers, the engine's first steps
                 first_token(way, list(reversed(prompts[0])))
@@ -82,7 +113,27 @@ def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: li
             for _ in range(len(prompts) // len(WAYS)):
                 for way in order.sample(WAYS, len(WAYS)):
                     time.sleep(2.5 * LEND_AFTER_IDLE_S)
-                    out[way].append(first_token(way, next(turns)))
+                    out.append(first_token(way, next(turns)))
     finally:
         torch.set_num_threads(saved)
+        if saved_env is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved_env
+    _match_forwards(out, step_log)
     return out
+
+
+def _match_forwards(requests: list[Lone], step_log: Path) -> None:
+    """Each request's forward passes: the prompt steps that began while it waited for its
+    first token (one at a time, so no other request's)."""
+    steps = []
+    for path in step_log.parent.glob(f"{step_log.name}.*"):
+        for line in path.read_text().splitlines():
+            if line and not line.startswith("#"):
+                start, seconds, prompt_tokens = line.split("\t")[:3]
+                if int(prompt_tokens):
+                    steps.append((float(start), float(seconds)))
+    for r in requests:
+        mine = [sec for start, sec in steps if r.started <= start <= r.started + r.ttft]
+        r.forward = sum(mine) if mine else None

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import grpc
-
-from collections.abc import Mapping
 
 from pdmesh.errors import TransferFailedError
 from pdmesh.kv.block_hash import extra_keys_for

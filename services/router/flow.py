@@ -19,7 +19,6 @@ Lifecycle (the methods below, in this order):
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from pdmesh.rpc.clients import decode_stub
 from pdmesh.rpc.status import PEER_FAILURE
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.router import first_token, handoff, reservation
+from services.router import failover, first_token, handoff, reservation
 from services.router.caller_stream import caller_stream
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
@@ -41,7 +40,6 @@ from services.router.registry import WorkerHandle
 if TYPE_CHECKING:
     from services.router.core import RouterCore
 
-log = logging.getLogger(__name__)
 PREFILL_ATTEMPTS = 3
 """Routing attempts before the stream starts: a prefill worker that is unreachable or
 breaks the call, or a decode worker that does either, is full or loses the KV write, sends
@@ -246,35 +244,9 @@ class RequestFlow:
         self.streamed_chars += len(resp.text)
         self.finished = self.finished or bool(resp.finish_reason)
 
-    def replace_decode(self, exc: grpc.aio.AioRpcError, stage: str) -> None:
-        """Leave a decode worker that failed this request for another healthy one, or try
-        it again before the stream starts when it is the only one and not known to be dead
-        (its reservation was given back); UNAVAILABLE when none is left. Only a call that
-        found it unreachable marks it down at once; a failed KV write or a broken call may
-        be this request's own, so the registry asks the worker for its Info instead
-        (``Registry.call_failed``): marked down, the only decode worker refused every
-        request routed until its next Info, and one failure became many."""
-        core, failed, code = self.core, self.decode_worker(), exc.code()
-        core.workers.call_failed(failed, code)
-        self.failed_decode.add(failed.worker_id)
-        try:
-            replacement, held = core.route_decode(self.hashes, exclude=self.failed_decode)
-        except UnavailableError:
-            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise exc from None  # every decode worker is full: "not now", with its retry hint
-            if not failed.healthy or stage == "mid-stream":  # mid-stream it may still run there
-                raise
-            replacement, held = failed, self.decode_held
-        if replacement is not failed:
-            failed.release()
-            self.decode, self.decode_held = replacement, held
-            replacement.acquire()
-        log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s", failed.worker_id,
-                    stage, code.name, self.request_id, len(self.streamed_tokens), self.decode.worker_id)
-
     def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
-        """Leave the failed decode worker (``replace_decode``) and resume the request."""
-        self.replace_decode(exc, "mid-stream")
+        """Leave the failed decode worker (``failover.replace_decode``) and resume the request."""
+        failover.replace_decode(self, exc, "mid-stream")
         self.core.migrations += 1
         self.attempt += 1
         return self._decode_call("GenerateLocal", self.reserve_msg((self.streamed_tokens, self.streamed_chars)))

@@ -22,7 +22,7 @@ import grpc
 
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
-from services.router import reservation
+from services.router import failover, reservation
 
 if TYPE_CHECKING:
     from services.router.flow import RequestFlow
@@ -79,7 +79,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
             # The call may have broken after the worker reserved: give it back now, not
             # at its lease's end (the next attempt has its own id: ``RequestFlow.call_id``).
             await reservation.give_back(d_stub, rid)
-        flow.replace_decode(exc, "reserve")  # failed, or full: the next decode worker
+        failover.replace_decode(flow, exc, "reserve")  # failed, or full: the next decode worker
         return None
     except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end
         call.cancel()
@@ -92,7 +92,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
     except grpc.aio.AioRpcError as exc:
         await reservation.give_back(d_stub, rid)
         if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
-            flow.replace_decode(exc, "kv transfer")
+            failover.replace_decode(flow, exc, "kv transfer")
             return None
         if not flow.worker_failed(exc):
             raise

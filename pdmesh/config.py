@@ -135,7 +135,7 @@ class EngineConfig:
     num_threads: int | None = None
     """torch intra-op threads on CPU (None keeps torch's default)."""
     probe_threads: int | None = None
-    """Threads the start-up measurements run on (the oneDNN plan, ``model/onednn.py``);
+    """Threads the start-up measurements run on (the linear plan, ``model/linear_plan.py``);
     None: ``num_threads``. A worker that borrows idle peers' cores computes a lone prompt
     on all of them, and a plan probed on its own share chose differently: on a 2-core Zen 3
     oneDNN's prefill product was 1.03-1.09x at one thread and up to 1.31x at two, so a

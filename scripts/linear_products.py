@@ -22,12 +22,13 @@ import torch.nn.functional as F  # noqa: N812
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.model import onednn
 from pdmesh.model.layers import few_rows_kernel, linear
+from pdmesh.model.linear_plan import best_seconds
 
 ROWS = (1, 4, 8, 16, 31, 64, 256, 1024)
 
 
 def _best(fn: Callable[[], object]) -> float:
-    return onednn.best_seconds(fn, rounds=5, reps=30, warmup=5)
+    return best_seconds(fn, rounds=5, reps=30, warmup=5)
 
 
 def main() -> None:

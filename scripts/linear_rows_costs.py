@@ -6,7 +6,8 @@ and 22):
      MKL's transposed product against ``linear_rows`` and oneDNN's packed product (where
      torch has it), per row count, beside the floor: reading each weight once (a sum);
   2. whole decode steps of one engine (128-token contexts), ``linear_rows`` on and off
-     (``KERNEL_MAX_ROWS`` 31 vs 0), per batch size (32 is a control: MKL on both sides),
+     (the default plan vs one with MKL's product up to ``KERNEL_MAX_ROWS`` too), per batch
+     size (32 is a control: MKL on both sides),
      with oneDNN off (``PDMESH_ONEDNN=0``: where it wins it would serve both sides);
   3. the paged decode attention kernel over a pool on 4 KiB pages against one advised to
      use transparent huge pages (batch 32, ~600-token contexts, scattered blocks).
@@ -27,7 +28,8 @@ import torch
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
-from pdmesh.model import layers, onednn
+from pdmesh.model import onednn
+from pdmesh.model.linear_plan import DEFAULT_PRODUCTS, KERNEL_MAX_ROWS, LinearPlan, Product
 from pdmesh.sampling_params import SamplingParams
 
 KERNELS = load()
@@ -79,14 +81,14 @@ def decode_steps(model: str) -> None:
                             SamplingParams(max_tokens=300, ignore_eos=True, temperature=0.0))
         for _ in range(5):
             eng.step()
-        res: dict[int, list[float]] = {layers.KERNEL_MAX_ROWS: [], 0: []}
+        mkl = LinearPlan(tuple(Product.MM if p is Product.KERNEL else p for p in DEFAULT_PRODUCTS))
+        res: dict[LinearPlan, list[float]] = {LinearPlan(): [], mkl: []}
         for _ in range(5):
-            for limit, out in res.items():
-                layers.KERNEL_MAX_ROWS = limit
+            for plan, out in res.items():
+                eng.runner.model.apply_linear_plan(plan)
                 out.append(best(eng.step, rounds=1, n=8) * 1e3)
-        layers.KERNEL_MAX_ROWS = max(res)
         on, off = (sorted(v)[2] for v in res.values())
-        control = "  (control: MKL on both sides)" if batch > max(res) else ""
+        control = "  (control: MKL on both sides)" if batch > KERNEL_MAX_ROWS else ""
         print(f"  batch {batch:2d}: linear_rows {on:5.1f}  MKL {off:5.1f}  {off / on:.2f}x{control}")
 
 

@@ -63,7 +63,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             model, cfg, dtype, num_blocks, cc.block_size, self.kv,
             build_backend(config.attention_backend, config.device), config.device,
-        )  # measures the oneDNN plan (``use_onednn``)
+        )  # measures the linear plan (``use_linear_plan``)
         if config.probe_threads and config.num_threads:
             torch.set_num_threads(config.num_threads)  # probed: back to the engine's own
         self.admission = Admission(self.tokenizer, cfg.vocab_size, self.max_model_len,

@@ -64,7 +64,7 @@ class ModelRunner:
         model.use_kernels(backend.kernels)
         mode = os.environ.get("PDMESH_ONEDNN", "auto")  # auto (measured here), always, 0
         if device == "cpu" and dtype == torch.float32 and mode != "0":
-            model.use_onednn(always=mode == "always")
+            model.use_linear_plan(always_onednn=mode == "always")
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
         self.kv_cache = torch.zeros((num_blocks, *layout.block_shape), dtype=dtype, device=self.device)

@@ -16,17 +16,10 @@ from torch import nn
 
 from pdmesh.model import onednn
 from pdmesh.model.config import RopeConfig
+from pdmesh.model.linear_plan import LinearPlan, Product
 
-MM_MAX_ROWS = 256
-"""Up to this many rows (decode batches, verified drafts, short prefills) ``linear`` takes
-the transposed product; prefill chunks above it keep ``F.linear``'s row-major output,
-which the attention and elementwise kernels after it read faster (docs/performance.md)."""
-KERNEL_MAX_ROWS = 31
-"""Up to this many rows ``linear`` runs pdmesh's own product (``linear_rows``) where the
-CPU kernels have it. Whole decode steps on our machines: 1.1-1.7x faster than with MKL's
-product at 1 to 31 sequences; at 32, 48 and 64, where MKL's kernel is at its best, ours
-gave 0.91-0.98x, at 40 1.09x (docs/performance.md, section 12)."""
-
+DEFAULT_PLAN = LinearPlan()
+"""Each row range's product without a measurement (``linear_plan.DEFAULT_PRODUCTS``)."""
 
 GATE_UP_BLOCK_BYTES = 16 << 20
 """The fused gate/up product of a long prefill chunk runs this many bytes of output at a
@@ -38,39 +31,36 @@ section 23)."""
 
 FewRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``linear_rows(x, weight) -> x @ weight.T`` from the CPU kernels (``csrc/linear_rows.cpp``)."""
-Packed = tuple[torch.Tensor, onednn.LinearPlan]
-"""A weight in oneDNN's layout and the row regimes that use it."""
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           few_rows: FewRows | None = None, packed: Packed | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias``. On CPU, oneDNN's product with ``packed``'s weight for the
-    row counts its plan took it for (``onednn.choose``). Otherwise, for up to
-    ``KERNEL_MAX_ROWS`` flattened float32 tokens, ``few_rows`` when given (pdmesh's kernel,
-    ``few_rows_kernel``); for up to ``MM_MAX_ROWS``, computed as ``(weight @ x.T).T``: the
-    same products, but MKL's kernel for a tall weight times a few columns is 1.2-2.6x
-    faster than ``F.linear``'s few-rows path at 1 to 256 rows on our AMD machines
-    (docs/performance.md, "Linear layers"). The result is then a transposed view, which
-    every consumer here accepts. Elsewhere (CUDA, 3-D inputs, long prefill chunks) it is
-    ``F.linear``."""
-    if packed is not None and takes_packed(x, packed):
-        flat = onednn.product(x.reshape(-1, x.shape[-1]), packed[0], bias)
-        return flat.reshape(*x.shape[:-1], flat.shape[-1])
-    if x.dim() == 2 and x.shape[0] <= MM_MAX_ROWS and x.device.type == "cpu":
-        if (few_rows is not None and x.shape[0] <= KERNEL_MAX_ROWS and x.dtype == torch.float32
-                and weight.dtype == torch.float32 and weight.is_contiguous()):
-            y = few_rows(x, weight)
-            return y.add_(bias) if bias is not None else y
-        y = torch.mm(weight, x.t()).t()
-        return y + bias if bias is not None else y
+           few_rows: FewRows | None = None, packed: torch.Tensor | None = None,
+           plan: LinearPlan = DEFAULT_PLAN) -> torch.Tensor:
+    """``x @ weight.T + bias``, on CPU by the product ``plan`` takes for the flattened row
+    count (``linear_plan``): oneDNN's with ``packed``, the weight in its layout; pdmesh's
+    few-row kernel ``few_rows`` (for float32, where built; else as ``MM``); MKL's
+    computed as ``(weight @ x.T).T``, whose result is a transposed view that every consumer
+    here accepts; or ``F.linear``, which also serves 3-D inputs and other devices."""
+    if x.device.type == "cpu":
+        use = plan.product(x.numel() // x.shape[-1])
+        if use is Product.ONEDNN:
+            if packed is None:
+                raise RuntimeError("a linear plan that runs oneDNN needs the weight packed (use_linear_plan)")
+            flat = onednn.product(x.reshape(-1, x.shape[-1]), packed, bias)
+            return flat.reshape(*x.shape[:-1], flat.shape[-1])
+        if x.dim() == 2 and use is not Product.LINEAR:
+            if (use is Product.KERNEL and few_rows is not None and x.dtype == torch.float32
+                    and weight.dtype == torch.float32 and weight.is_contiguous()):
+                y = few_rows(x, weight)
+                return y.add_(bias) if bias is not None else y
+            y = torch.mm(weight, x.t()).t()
+            return y + bias if bias is not None else y
     return nn.functional.linear(x, weight, bias)
 
 
-def takes_packed(x: torch.Tensor, packed: Packed) -> bool:
-    """Whether ``x``'s product runs oneDNN's with ``packed``: on CPU, in a row regime its
-    plan took it for."""
-    plan = packed[1]
-    return x.device.type == "cpu" and (plan.few if x.numel() // x.shape[-1] <= KERNEL_MAX_ROWS else plan.many)
+def takes_onednn(x: torch.Tensor, plan: LinearPlan) -> bool:
+    """Whether ``x``'s product runs oneDNN's: on CPU, for a row count ``plan`` takes it for."""
+    return x.device.type == "cpu" and plan.product(x.numel() // x.shape[-1]) is Product.ONEDNN
 
 
 def few_rows_kernel(kernels: ModuleType | None) -> FewRows | None:
@@ -84,11 +74,13 @@ class Linear(nn.Linear):
 
     few_rows: FewRows | None = None
     """The CPU kernels' few-row product when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
-    packed: Packed | None = None
-    """oneDNN's copy of the weight and the rows it is used for (``LlamaForCausalLM.use_onednn``)."""
+    plan: LinearPlan = DEFAULT_PLAN
+    """The product for each row count (``LlamaForCausalLM.use_linear_plan``)."""
+    packed: torch.Tensor | None = None
+    """oneDNN's copy of the weight, where ``plan`` runs oneDNN."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.few_rows, self.packed)
+        return linear(x, self.weight, self.bias, self.few_rows, self.packed, self.plan)
 
 
 class RMSNorm(nn.Module):
@@ -186,18 +178,23 @@ class GatedMLP(nn.Module):
         self.down = Linear(intermediate, hidden, bias=bias)
         self.kernels: ModuleType | None = None
         """The CPU kernels when the engine runs them: SiLU and the product in one pass."""
-        self.gate_up: Packed | None = None
-        """oneDNN's copy of gate's and up's weights stacked (``LlamaForCausalLM.use_onednn``)."""
+        self.gate_up: torch.Tensor | None = None
+        """oneDNN's copy of gate's and up's weights stacked (``LlamaForCausalLM.use_linear_plan``)."""
         self.gate_up_bias: torch.Tensor | None = None
 
-    def fuse_packed(self, plan: onednn.LinearPlan) -> None:
-        """Pack gate's and up's weights as one for the row regimes ``plan`` takes oneDNN for."""
-        self.gate_up = (onednn.pack(torch.cat([self.gate.weight, self.up.weight])), plan)
+    def fuse_packed(self) -> None:
+        """Pack gate's and up's weights as one, for the row counts gate's plan runs oneDNN for."""
+        self.gate_up = onednn.pack(torch.cat([self.gate.weight, self.up.weight]))
         if self.gate.bias is not None and self.up.bias is not None:
             self.gate_up_bias = torch.cat([self.gate.bias, self.up.bias]).detach()
 
+    @property
+    def plan(self) -> LinearPlan:
+        """gate's (the engine gives every layer one plan)."""
+        return self.gate.plan
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None and x.dim() == 2 and takes_packed(x, self.gate_up):
+        if self.gate_up is not None and x.dim() == 2 and takes_onednn(x, self.plan):
             rows = max(64, GATE_UP_BLOCK_BYTES // (2 * self.down.in_features * x.element_size()))
             if x.shape[0] <= rows:
                 return self._fused(x)
@@ -210,7 +207,7 @@ class GatedMLP(nn.Module):
         return self.down(nn.functional.silu(gate).mul_(up))
 
     def _fused(self, x: torch.Tensor) -> torch.Tensor:
-        both = onednn.product(x, self.gate_up[0], self.gate_up_bias)  # type: ignore[index]
+        both = onednn.product(x, self.gate_up, self.gate_up_bias)  # type: ignore[arg-type]
         if self.kernels is not None:
             return self.down(self.kernels.silu_mul_halves(both))
         gate, up = both.chunk(2, dim=-1)

@@ -15,14 +15,13 @@ from torch import nn
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
 from pdmesh.errors import UnsupportedModelError
-from pdmesh.model import onednn
+from pdmesh.model import linear_plan, onednn
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import (
-    KERNEL_MAX_ROWS,
+    DEFAULT_PLAN,
     FewRows,
     GatedMLP,
     Linear,
-    Packed,
     RMSNorm,
     RotaryEmbedding,
     apply_rope_,
@@ -97,8 +96,10 @@ class LlamaForCausalLM(nn.Module):
         )
         self.few_rows: FewRows | None = None
         """The CPU kernels' few-row product for the LM head (``use_kernels``)."""
-        self.head_packed: Packed | None = None
-        """oneDNN's copy of the LM head's weight (``use_onednn``)."""
+        self.plan: linear_plan.LinearPlan = DEFAULT_PLAN
+        """The product for each row count of every linear layer (``use_linear_plan``)."""
+        self.head_packed: torch.Tensor | None = None
+        """oneDNN's copy of the LM head's weight, where the plan runs oneDNN."""
 
     def use_kernels(self, kernels: ModuleType | None) -> None:
         """Run norms, rotary embedding, SiLU x up and few-row linear products with pdmesh's
@@ -111,35 +112,48 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(m, Linear):
                 m.few_rows = self.few_rows
 
-    def use_onednn(self, always: bool = False) -> onednn.LinearPlan:
-        """Measure oneDNN's packed-weight product against the current one on this model's
-        weights (call after ``use_kernels``) and pack every weight where it wins, or
-        everywhere when ``always``, in oneDNN's layout (``pdmesh.model.onednn``). Where it
-        wins for every row count the original weights are never read again and are freed
-        (the embedding's, which a tied LM head shares, stays); otherwise both copies stay."""
+    def use_linear_plan(self, always_onednn: bool = False) -> linear_plan.LinearPlan:
+        """Time the linear products on this model's weights (call after ``use_kernels``)
+        and compute every row count with the fastest (``pdmesh.model.linear_plan``), or
+        with oneDNN's everywhere when ``always_onednn``."""
+        plan = self.choose_linear_plan(always_onednn)
+        self.apply_linear_plan(plan)
+        return plan
+
+    def apply_linear_plan(self, plan: linear_plan.LinearPlan) -> None:
+        """Compute every linear layer by ``plan``. Where it runs oneDNN the weights are
+        packed in its layout (once); where it runs oneDNN for every row count the original
+        weights are never read again and are freed (the embedding's, which a tied LM head
+        shares, stays); otherwise both copies stay."""
         mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
         fused = {id(m) for mlp in mlps for m in (mlp.gate, mlp.up)}
         linears = self._body_linears()
-        own = [m for m in linears if id(m) not in fused]
-        head = self._head_weight()
-        plan = self.choose_onednn(always)
-        if plan.any:
-            for m in own:
-                m.packed = (onednn.pack(m.weight), plan)
+        if plan.packs and self.head_packed is None:
+            for m in linears:
+                if id(m) not in fused:
+                    m.packed = onednn.pack(m.weight)
             for mlp in mlps:
-                mlp.fuse_packed(plan)
-            self.head_packed = (onednn.pack(head), plan)
-        if plan.few and plan.many:
+                mlp.fuse_packed()
+            self.head_packed = onednn.pack(self._head_weight())
+        self.plan = plan
+        for m in linears:
+            m.plan = plan
+        if plan.onednn_only:
             for m in [*linears, *([self.lm_head] if self.lm_head is not None else [])]:
                 m.weight = nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)
-        return plan
 
-    def choose_onednn(self, always: bool = False) -> onednn.LinearPlan:
-        """``use_onednn``'s measurement alone: the plan for this model's weights, nothing
-        packed (``scripts/onednn_probe.py`` repeats it to see whether a machine's choice
-        is stable)."""
+    def choose_linear_plan(self, always_onednn: bool = False) -> linear_plan.LinearPlan:
+        """``use_linear_plan``'s measurement alone: the plan for this model's weights,
+        nothing packed (``scripts/linear_plan_probe.py`` repeats it to see whether a machine's
+        choice is stable)."""
         weights = [m.weight for m in self._body_linears()] + [self._head_weight()]
-        return onednn.choose(weights, lambda x, w: linear(x, w, few_rows=self.few_rows), KERNEL_MAX_ROWS, always)
+        products: dict[linear_plan.Product, linear_plan.ProductFn] = {
+            linear_plan.Product.MM: lambda x, w: torch.mm(w, x.t()).t(),
+            linear_plan.Product.LINEAR: nn.functional.linear,
+        }
+        if self.few_rows is not None:
+            products[linear_plan.Product.KERNEL] = self.few_rows
+        return linear_plan.choose(weights, products, always_onednn)
 
     def _body_linears(self) -> list[Linear]:
         return [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]
@@ -163,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
         h = self.norm(h[logits_indices])
-        return linear(h, self._head_weight(), few_rows=self.few_rows, packed=self.head_packed).float()
+        return linear(h, self._head_weight(), None, self.few_rows, self.head_packed, self.plan).float()
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

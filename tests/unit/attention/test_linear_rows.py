@@ -11,7 +11,8 @@ import torch
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.cpu import cpu_flags
 from pdmesh.engine.llm import LLM
-from pdmesh.model.layers import KERNEL_MAX_ROWS, MM_MAX_ROWS, Linear, few_rows_kernel
+from pdmesh.model.layers import Linear, few_rows_kernel
+from pdmesh.model.linear_plan import KERNEL_MAX_ROWS, MM_MAX_ROWS
 
 KERNELS = load()
 AVX2 = {"avx2", "fma"} <= set(cpu_flags().split())

@@ -1,4 +1,4 @@
-"""A worker that borrows idle peers' cores measures its oneDNN plan on all of them (where
+"""A worker that borrows idle peers' cores measures its linear plan on all of them (where
 a lone prompt computes), then runs on its own share."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_the_engine_probes_on_probe_threads_then_runs_on_its_own(llama_dir: Path
     config = WorkerConfig(model=str(llama_dir), role="prefill", threads=1, core_share="/tmp/cores:0").engine_config()
     saved = torch.get_num_threads()
     try:
-        with caplog.at_level(logging.INFO, logger="pdmesh.model.onednn"):
+        with caplog.at_level(logging.INFO, logger="pdmesh.model.linear_plan"):
             LLMEngine(dataclasses.replace(config, dtype="float32", cache=CacheConfig(num_blocks=64)))
         assert torch.get_num_threads() == 1
     finally:

@@ -1,10 +1,9 @@
-"""The oneDNN probe an engine runs at start-up (``pdmesh.model.onednn.choose``), run
-``N`` times over the default model's weights: one log line each, with the measured gains
-and the plan taken. Shows whether a machine's choice is stable from load to load.
+"""The linear-plan probe an engine runs at start-up (``pdmesh.model.linear_plan.choose``),
+run ``N`` times over the default model's weights: one log line each, with each range's
+timings and the plan taken. Shows whether a machine's choice is stable from load to load
+(docs/performance.md, sections 25 and 28; this was ``scripts/onednn_probe.py``).
 
-    .venv/bin/python scripts/onednn_probe.py [N] [MODEL_DIR]
-
-docs/performance.md, section 25.
+    .venv/bin/python scripts/linear_plan_probe.py [N] [MODEL_DIR]
 """
 
 from __future__ import annotations
@@ -17,14 +16,14 @@ os.environ["PDMESH_ONEDNN"] = "0"  # the engine loads without a plan; the probe 
 
 from pdmesh.config import EngineArgs  # noqa: E402
 from pdmesh.engine.llm_engine import LLMEngine  # noqa: E402
-from pdmesh.model import onednn  # noqa: E402
+from pdmesh.model import linear_plan  # noqa: E402
 
 
 def main(times: int, model_dir: str) -> None:
     engine = LLMEngine(EngineArgs(model=model_dir, dtype="float32", num_blocks=256).engine_config())
-    logging.getLogger(onednn.__name__).setLevel(logging.INFO)
+    logging.getLogger(linear_plan.__name__).setLevel(logging.INFO)
     for _ in range(times):
-        engine.runner.model.choose_onednn()
+        engine.runner.model.choose_linear_plan()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ row, ``F.linear`` at two and three, oneDNN 1.4-1.6x the kernel at 16-31 rows (se
 A plan decided for "few rows" as a whole flipped between loads there, since one row and
 sixteen rows disagree. So each engine times the products on its own weights when it builds
 the model, one range of row counts (``RANGES``) at a time, and logs what it took; nothing
-is assumed of a machine.
+is assumed of a machine. Processes take turns to measure (``pdmesh.measure_lock``): two
+workers probing at once on two cores timed every product 50-60x too slow.
 
 Results of different products differ in the last bits (another summation order), as
 pdmesh's own kernels' do; greedy tokens stay those of ``transformers`` in the exactness
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pdmesh.measure_lock import measuring_alone
 from pdmesh.model import onednn
 
 log = logging.getLogger(__name__)
@@ -151,11 +153,12 @@ def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], a
         fns[Product.ONEDNN] = lambda x, w: onednn.product(x, packed[id(w)], None)
     defaults = _defaults(products)
     timings = []
-    for i, rows in enumerate(PROBE_ROWS):
-        probed = streamed if rows < STREAMED_MAX_ROWS else list(per_shape.values())
-        names = list(dict.fromkeys([defaults[i], Product.LINEAR, *([Product.ONEDNN] if Product.ONEDNN in fns else [])]))
-        seconds = _seconds([fns[n] for n in names], probed, rows)
-        timings.append(dict(zip(names, seconds)))
+    with measuring_alone("the linear-plan probe"):
+        for i, rows in enumerate(PROBE_ROWS):
+            probed = streamed if rows < STREAMED_MAX_ROWS else list(per_shape.values())
+            names = list(dict.fromkeys([defaults[i], Product.LINEAR,
+                                        *([Product.ONEDNN] if Product.ONEDNN in fns else [])]))
+            timings.append(dict(zip(names, _seconds([fns[n] for n in names], probed, rows))))
     plan = decide(defaults, timings)
     log.info("linear products on %d thread(s): %s; seconds by range: %s", torch.get_num_threads(), plan.describe(),
              "; ".join(f"{_label(i)}: " + " ".join(f"{p.value} {s * 1e3:.2f} ms" for p, s in t.items())

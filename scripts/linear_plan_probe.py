@@ -23,7 +23,7 @@ def main(times: int, model_dir: str) -> None:
     engine = LLMEngine(EngineArgs(model=model_dir, dtype="float32", num_blocks=256).engine_config())
     logging.getLogger(linear_plan.__name__).setLevel(logging.INFO)
     for _ in range(times):
-        engine.runner.model.choose_linear_plan()
+        engine.runner.model.choose_linear_plan(share=False)
 
 
 if __name__ == "__main__":

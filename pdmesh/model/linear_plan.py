@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import bisect
 import enum
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -35,8 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pdmesh.cpu import cpu_flags
 from pdmesh.measure_lock import measuring_alone
-from pdmesh.model import onednn
+from pdmesh.model import onednn, plan_store
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +65,11 @@ RANGES = (1, 2, 4, 8, 16, 32, 64, MM_MAX_ROWS + 1)
 """The first row count of each range a plan decides on its own. Their bounds fall where a
 product's reach ends (``KERNEL_MAX_ROWS``, ``MM_MAX_ROWS``), so every product a range may
 take serves all of it."""
-PROBE_ROWS = (1, 2, 5, 11, 23, 45, 128, 512)
-"""The row count each range is timed at: about its geometric middle."""
+PROBE_ROWS = ((1,), (2,), (5,), (11,), (23,), (32, 63), (64, 256), (512,))
+"""The row counts each range is timed at (their times summed). A decode range's costs grow
+smoothly with rows, so its geometric middle tells; prefill's do not: on a 2-core Xeon MKL's
+products were at their best at 128 rows, where all three tied, while oneDNN's was 1.14x at
+64 and 1.04x at 256 (section 28), so those ranges are timed at both ends."""
 STREAMED_MAX_ROWS = 32
 """Ranges probed at fewer rows than this read the leading ``STREAMED_PROBE_BYTES`` of the
 weights in model order, from memory as a decode step does (one weight per shape, in cache,
@@ -130,11 +136,14 @@ ProductFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(x, weight) -> x @ weight.T`` in any layout."""
 
 
-def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], always: bool = False) -> LinearPlan:
+def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], always: bool = False,
+           share: bool = False) -> LinearPlan:
     """Time each range's candidate products on ``weights``: its default, ``LINEAR`` and
     ``ONEDNN`` (``products`` maps the unpacked ones to their functions; ``KERNEL`` only where
     the CPU kernels have it: else ``MM`` is the few-row default); with ``always``, oneDNN for
-    every range without measuring."""
+    every range without measuring. With ``share``, a plan another process of this machine
+    measured on the same shapes and threads within ``plan_store.REUSE_S`` is taken as it
+    is, and one measured here is stored for the others."""
     if not onednn.available():
         (log.warning if always else log.info)("this torch build has no oneDNN (mkldnn): the other products are timed")
     elif always:
@@ -152,18 +161,37 @@ def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], a
         packed = {id(w): onednn.pack(w) for w in {id(w): w for w in [*streamed, *per_shape.values()]}.values()}
         fns[Product.ONEDNN] = lambda x, w: onednn.product(x, packed[id(w)], None)
     defaults = _defaults(products)
-    timings = []
+    names = [list(dict.fromkeys([d, Product.LINEAR, *([Product.ONEDNN] if Product.ONEDNN in fns else [])]))
+             for d in defaults]
+    key = _store_key(weights, names) if share else None
     with measuring_alone("the linear-plan probe"):
-        for i, rows in enumerate(PROBE_ROWS):
-            probed = streamed if rows < STREAMED_MAX_ROWS else list(per_shape.values())
-            names = list(dict.fromkeys([defaults[i], Product.LINEAR,
-                                        *([Product.ONEDNN] if Product.ONEDNN in fns else [])]))
-            timings.append(dict(zip(names, _seconds([fns[n] for n in names], probed, rows))))
-    plan = decide(defaults, timings)
+        stored = plan_store.load(key) if key else None
+        if stored is not None:
+            plan = LinearPlan(tuple(Product(p) for p in stored.products))
+            log.info("linear products on %d thread(s): %s (measured by process %d %.0fs ago on these shapes and "
+                     "threads)", torch.get_num_threads(), plan.describe(), stored.pid, stored.age_s)
+            return plan
+        timings = []
+        for rows, candidates in zip(PROBE_ROWS, names):
+            probed = streamed if rows[0] < STREAMED_MAX_ROWS else list(per_shape.values())
+            seconds = [sum(per_rows) for per_rows in zip(*(_seconds([fns[n] for n in candidates], probed, r)
+                                                           for r in rows))]
+            timings.append(dict(zip(candidates, seconds)))
+        plan = decide(defaults, timings)
+        if key:
+            plan_store.save(key, tuple(p.value for p in plan.products))
     log.info("linear products on %d thread(s): %s; seconds by range: %s", torch.get_num_threads(), plan.describe(),
              "; ".join(f"{_label(i)}: " + " ".join(f"{p.value} {s * 1e3:.2f} ms" for p, s in t.items())
                        for i, t in enumerate(timings)))
     return plan
+
+
+def _store_key(weights: list[torch.Tensor], candidates: list[list[Product]]) -> str:
+    """What a shared plan must have been measured on: the weights' shapes in order, the
+    threads, the candidates, this CPU and this torch."""
+    what = [[list(w.shape) for w in weights], torch.get_num_threads(), [[p.value for p in c] for c in candidates],
+            cpu_flags(), torch.__version__, RANGES, PROBE_ROWS]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
 def decide(defaults: tuple[Product, ...], timings: list[dict[Product, float]]) -> LinearPlan:

@@ -142,10 +142,12 @@ class LlamaForCausalLM(nn.Module):
             for m in [*linears, *([self.lm_head] if self.lm_head is not None else [])]:
                 m.weight = nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)
 
-    def choose_linear_plan(self, always_onednn: bool = False) -> linear_plan.LinearPlan:
+    def choose_linear_plan(self, always_onednn: bool = False, share: bool = True) -> linear_plan.LinearPlan:
         """``use_linear_plan``'s measurement alone: the plan for this model's weights,
-        nothing packed (``scripts/linear_plan_probe.py`` repeats it to see whether a machine's
-        choice is stable)."""
+        nothing packed; with ``share``, one that another process of this machine measured
+        on the same shapes and threads in the last minutes (``pdmesh.model.plan_store``).
+        ``scripts/linear_plan_probe.py`` repeats it unshared to see whether a machine's
+        choice is stable."""
         weights = [m.weight for m in self._body_linears()] + [self._head_weight()]
         products: dict[linear_plan.Product, linear_plan.ProductFn] = {
             linear_plan.Product.MM: lambda x, w: torch.mm(w, x.t()).t(),
@@ -153,7 +155,7 @@ class LlamaForCausalLM(nn.Module):
         }
         if self.few_rows is not None:
             products[linear_plan.Product.KERNEL] = self.few_rows
-        return linear_plan.choose(weights, products, always_onednn)
+        return linear_plan.choose(weights, products, always_onednn, share)
 
     def _body_linears(self) -> list[Linear]:
         return [m for m in self.modules() if isinstance(m, Linear) and m is not self.lm_head]

@@ -8,7 +8,9 @@ with a fresh prompt, and the three take turns request by request: measured one a
 other, the two halves of such a figure landed in different phases of a drifting machine
 (+5.5 to +37.8 ms in three runs on a 2-core Zen 3; docs/performance.md §26). The meshes
 idle while another one serves. A gap of 2.5x ``LEND_AFTER_IDLE_S`` before each request
-lets an idle worker lend its cores again, as ``scripts/lone_ttft_hops.py`` does.
+lets an idle worker lend its cores again, as ``scripts/lone_ttft_hops.py`` does. What a
+request costs beyond its forward pass is split at the forward: the hops before it (the
+router's lookup and calls) and after it (the KV write, the answer, the relay).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class Lone:
     ttft: float
     forward: float | None = None
     """Its prompt's forward pass in whichever process ran it, from the step logs."""
+    before: float | None = None
+    """From sending it to its first forward step's start: the hops and hand-offs on the way in."""
+    after: float | None = None
+    """From its last forward step's end to its first token: the way out (a KV write in the mesh)."""
 
 
 def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str], plen: int) -> None:
@@ -70,6 +76,11 @@ def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str]
                     rest["mesh"] - rest["one worker"],
                     note="TTFT - forward: " + " / ".join(f"{way} {rest[way]:.1f}" for way in WAYS)
                     + "; forward: " + " / ".join(f"{way} {fwd[way]:.1f}" for way in WAYS)))
+    for side in ("before", "after"):
+        ms = {way: 1000 * pct([getattr(r, side) or 0.0 for r in timed if r.way == way], 0.5) for way in WAYS}
+        rows.append(Row("lone request", f"TTFT p50 {side} the forward pass, added vs one worker (ms)",
+                        ms["mesh"] - ms["one worker"],
+                        note=f"{side} the forward: " + " / ".join(f"{way} {ms[way]:.1f}" for way in WAYS)))
 
 
 def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: list[list[int]],
@@ -135,5 +146,8 @@ def _match_forwards(requests: list[Lone], step_log: Path) -> None:
                 if int(prompt_tokens):
                     steps.append((float(start), float(seconds)))
     for r in requests:
-        mine = [sec for start, sec in steps if r.started <= start <= r.started + r.ttft]
-        r.forward = sum(mine) if mine else None
+        mine = [(start, sec) for start, sec in steps if r.started <= start <= r.started + r.ttft]
+        if mine:
+            r.forward = sum(sec for _, sec in mine)
+            r.before = min(start for start, _ in mine) - r.started
+            r.after = r.started + r.ttft - max(start + sec for start, sec in mine)

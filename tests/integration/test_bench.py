@@ -45,5 +45,7 @@ def test_bench_mesh_quick_runs_the_engine_and_kv_sections(llama_dir: Path, tmp_p
     assert "TTFT p50 added vs in process, 1 thread(s) (ms)" in rows
     beyond = rows["TTFT p50 beyond the forward pass, added vs one worker (ms)"]  # every forward matched
     assert beyond["note"].startswith("TTFT - forward: mesh ")
+    for side in ("before", "after"):  # the time beyond the forward, split at it
+        assert rows[f"TTFT p50 {side} the forward pass, added vs one worker (ms)"]["note"].startswith(f"{side} the forward: mesh ")
     assert rows["output tok/s (8 x 64 in + 8 out, all at once)"]["value"] > 0
     assert rows["mesh KV write GiB/s (writes of ~4 blocks, under load)"]["value"] > 0

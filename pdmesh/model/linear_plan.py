@@ -66,15 +66,18 @@ RANGES = (1, 2, 4, 8, 16, 32, 64, MM_MAX_ROWS + 1)
 product's reach ends (``KERNEL_MAX_ROWS``, ``MM_MAX_ROWS``), so every product a range may
 take serves all of it."""
 PROBE_ROWS = ((1,), (2,), (5,), (11,), (23,), (32, 63), (64, 256), (512,))
-"""The row counts each range is timed at (their times summed). A decode range's costs grow
-smoothly with rows, so its geometric middle tells; prefill's do not: on a 2-core Xeon MKL's
-products were at their best at 128 rows, where all three tied, while oneDNN's was 1.14x at
-64 and 1.04x at 256 (section 28), so those ranges are timed at both ends."""
-STREAMED_MAX_ROWS = 32
-"""Ranges probed at fewer rows than this read the leading ``STREAMED_PROBE_BYTES`` of the
-weights in model order, from memory as a decode step does (one weight per shape, in cache,
-misled: 0.67-1.01x at one row there against whole decode steps never faster, section 25);
-ranges above, bound by arithmetic, are timed on one weight per shape."""
+"""The row counts each range is timed at (their times summed). Up to 31 rows the products'
+costs grow smoothly with rows, so a range's geometric middle tells; above they do not: on a
+2-core Xeon MKL's products were at their best at 128 rows, where all three tied, while
+oneDNN's was 1.14x at 64 and 1.04x at 256 (section 28), so those ranges are timed at both
+ends."""
+STREAMED_MAX_ROWS = 64
+"""Ranges probed at fewer rows than this (decode batches) read the leading
+``STREAMED_PROBE_BYTES`` of the weights in model order, from memory as a decode step does;
+one weight per shape, in cache, misled: 0.67-1.01x at one row there against whole decode
+steps never faster (section 25), and oneDNN 1.2x at 32-63 rows on a Xeon whose decode steps
+of 32 ran 6% slower through it (section 28). Ranges above, bound by arithmetic, are timed
+on one weight per shape."""
 STREAMED_PROBE_BYTES = 512 * 2**20
 """About this many bytes of weights per streamed probe: far past any cache, while the
 packed copies the probe makes stay bounded (all of a 7B float32 model's would be 28 GB)."""

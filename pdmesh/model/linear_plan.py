@@ -153,39 +153,58 @@ def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], a
         log.info("linear products: oneDNN for every row count (PDMESH_ONEDNN=always)")
         return ONEDNN_EVERYWHERE
     weights = [w for w in weights if w.dtype == torch.float32 and w.device.type == "cpu"]
-    if not weights:
-        return LinearPlan(_defaults(products))
-    streamed = leading_bytes(weights, STREAMED_PROBE_BYTES)
-    per_shape: dict[tuple[int, ...], torch.Tensor] = {}
-    for w in weights:
-        per_shape.setdefault(tuple(w.shape), w)  # the first of a shape: among ``streamed``
-    fns = dict(products)
-    if onednn.available():
-        packed = {id(w): onednn.pack(w) for w in {id(w): w for w in [*streamed, *per_shape.values()]}.values()}
-        fns[Product.ONEDNN] = lambda x, w: onednn.product(x, packed[id(w)], None)
     defaults = _defaults(products)
-    names = [list(dict.fromkeys([d, Product.LINEAR, *([Product.ONEDNN] if Product.ONEDNN in fns else [])]))
-             for d in defaults]
+    if not weights:
+        return LinearPlan(defaults)
+    extra = [Product.ONEDNN] if onednn.available() else []
+    names = [list(dict.fromkeys([d, Product.LINEAR, *extra])) for d in defaults]
     key = _store_key(weights, names) if share else None
     with measuring_alone("the linear-plan probe"):
-        stored = plan_store.load(key) if key else None
+        stored = _stored(key) if key else None
         if stored is not None:
-            plan = LinearPlan(tuple(Product(p) for p in stored.products))
-            log.info("linear products on %d thread(s): %s (measured by process %d %.0fs ago on these shapes and "
-                     "threads)", torch.get_num_threads(), plan.describe(), stored.pid, stored.age_s)
-            return plan
-        timings = []
-        for rows, candidates in zip(PROBE_ROWS, names):
-            probed = streamed if rows[0] < STREAMED_MAX_ROWS else list(per_shape.values())
-            seconds = [sum(per_rows) for per_rows in zip(*(_seconds([fns[n] for n in candidates], probed, r)
-                                                           for r in rows))]
-            timings.append(dict(zip(candidates, seconds)))
+            return stored
+        timings = _time_ranges(weights, products, names)
         plan = decide(defaults, timings)
         if key:
             plan_store.save(key, tuple(p.value for p in plan.products))
     log.info("linear products on %d thread(s): %s; seconds by range: %s", torch.get_num_threads(), plan.describe(),
              "; ".join(f"{_label(i)}: " + " ".join(f"{p.value} {s * 1e3:.2f} ms" for p, s in t.items())
                        for i, t in enumerate(timings)))
+    return plan
+
+
+def _time_ranges(weights: list[torch.Tensor], products: Mapping[Product, ProductFn],
+                 names: list[list[Product]]) -> list[dict[Product, float]]:
+    """Each range's seconds by candidate product (``names``), its ``PROBE_ROWS`` summed."""
+    streamed = leading_bytes(weights, STREAMED_PROBE_BYTES)
+    per_shape: dict[tuple[int, ...], torch.Tensor] = {}
+    for w in weights:
+        per_shape.setdefault(tuple(w.shape), w)  # the first of a shape: among ``streamed``
+    fns = dict(products)
+    if any(Product.ONEDNN in n for n in names):
+        packed = {id(w): onednn.pack(w) for w in {id(w): w for w in [*streamed, *per_shape.values()]}.values()}
+        fns[Product.ONEDNN] = lambda x, w: onednn.product(x, packed[id(w)], None)
+    timings = []
+    for rows, candidates in zip(PROBE_ROWS, names):
+        probed = streamed if rows[0] < STREAMED_MAX_ROWS else list(per_shape.values())
+        seconds = [sum(per_rows) for per_rows in zip(*(_seconds([fns[n] for n in candidates], probed, r)
+                                                       for r in rows))]
+        timings.append(dict(zip(candidates, seconds)))
+    return timings
+
+
+def _stored(key: str) -> LinearPlan | None:
+    """The plan another process stored under ``key``, if young enough and still valid."""
+    stored = plan_store.load(key)
+    if stored is None:
+        return None
+    try:
+        plan = LinearPlan(tuple(Product(p) for p in stored.products))
+    except ValueError as exc:  # written by another version of pdmesh, or damaged
+        log.warning("the stored linear plan is not one this version can run (%s): measuring instead", exc)
+        return None
+    log.info("linear products on %d thread(s): %s (measured by process %d %.0fs ago on these shapes and threads)",
+             torch.get_num_threads(), plan.describe(), stored.pid, stored.age_s)
     return plan
 
 

@@ -115,32 +115,32 @@ class LlamaForCausalLM(nn.Module):
     def use_linear_plan(self, always_onednn: bool = False) -> linear_plan.LinearPlan:
         """Time the linear products on this model's weights (call after ``use_kernels``)
         and compute every row count with the fastest (``pdmesh.model.linear_plan``), or
-        with oneDNN's everywhere when ``always_onednn``."""
+        with oneDNN's everywhere when ``always_onednn``. Where oneDNN runs for every row
+        count the original weights are never read again and are freed (the embedding's,
+        which a tied LM head shares, stays); otherwise both copies stay."""
         plan = self.choose_linear_plan(always_onednn)
         self.apply_linear_plan(plan)
+        if plan.onednn_only:
+            linears = [*self._body_linears(), *([self.lm_head] if self.lm_head is not None else [])]
+            for m in linears:
+                m.weight = nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)
         return plan
 
     def apply_linear_plan(self, plan: linear_plan.LinearPlan) -> None:
-        """Compute every linear layer by ``plan``. Where it runs oneDNN the weights are
-        packed in its layout (once); where it runs oneDNN for every row count the original
-        weights are never read again and are freed (the embedding's, which a tied LM head
-        shares, stays); otherwise both copies stay."""
-        mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
-        fused = {id(m) for mlp in mlps for m in (mlp.gate, mlp.up)}
-        linears = self._body_linears()
+        """Compute every linear layer by ``plan``; where it runs oneDNN, the weights are
+        packed in its layout (once)."""
         if plan.packs and self.head_packed is None:
-            for m in linears:
+            mlps = [m for m in self.modules() if isinstance(m, GatedMLP)]
+            fused = {id(m) for mlp in mlps for m in (mlp.gate, mlp.up)}
+            for m in self._body_linears():
                 if id(m) not in fused:
                     m.packed = onednn.pack(m.weight)
             for mlp in mlps:
                 mlp.fuse_packed()
             self.head_packed = onednn.pack(self._head_weight())
         self.plan = plan
-        for m in linears:
+        for m in self._body_linears():
             m.plan = plan
-        if plan.onednn_only:
-            for m in [*linears, *([self.lm_head] if self.lm_head is not None else [])]:
-                m.weight = nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)
 
     def choose_linear_plan(self, always_onednn: bool = False, share: bool = True) -> linear_plan.LinearPlan:
         """``use_linear_plan``'s measurement alone: the plan for this model's weights,

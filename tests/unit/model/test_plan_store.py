@@ -56,3 +56,18 @@ def test_choose_shares_its_plan_with_the_next_process_on_the_same_shapes(monkeyp
     before = calls[0]
     linear_plan.choose(weights, {Product.MM: slow, Product.LINEAR: slow})
     assert calls[0] > before  # not shared: measured
+
+
+def test_a_stored_plan_this_version_cannot_run_is_measured_again(monkeypatch, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(plan_store, "load", lambda key: plan_store.Stored(("kernel",) * 8, 1.0, 1))  # 32+ rows: no
+    calls = [0]
+
+    def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return x @ w.t()
+
+    with caplog.at_level(logging.WARNING, logger="pdmesh.model.linear_plan"):
+        plan = linear_plan.choose([torch.randn(32, 32)], {Product.MM: product, Product.LINEAR: product}, share=True)
+    assert calls[0] and "not one this version can run" in caplog.text
+    assert Product.KERNEL not in plan.products  # no kernel was offered

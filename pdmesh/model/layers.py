@@ -194,11 +194,11 @@ class GatedMLP(nn.Module):
         return self.gate.plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None and x.dim() == 2 and takes_onednn(x, self.plan):
+        if self.gate_up is not None and takes_onednn(x, self.plan):  # gate and up are not packed alone
+            flat = x.reshape(-1, x.shape[-1])
             rows = max(64, GATE_UP_BLOCK_BYTES // (2 * self.down.in_features * x.element_size()))
-            if x.shape[0] <= rows:
-                return self._fused(x)
-            return torch.cat([self._fused(part) for part in x.split(rows)])
+            out = self._fused(flat) if flat.shape[0] <= rows else torch.cat([self._fused(p) for p in flat.split(rows)])
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         gate, up = self.gate(x), self.up(x)
         if self.kernels is not None and gate.dtype == torch.float32 and gate.stride() == up.stride():
             self.kernels.silu_mul_(gate, up)  # one pass, in place

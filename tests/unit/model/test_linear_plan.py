@@ -86,6 +86,7 @@ def test_the_mlp_with_gate_and_up_packed_as_one_matches_two_products(rows: int, 
     for kernels in (None, KERNELS):
         mlp.kernels = kernels
         torch.testing.assert_close(mlp(x), reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mlp(x[None]), reference[None], rtol=1e-5, atol=1e-5)  # 3-D: the same rows
     # A range the plan gives another product keeps the two products.
     for m in (mlp.gate, mlp.up, mlp.down):
         m.plan = LinearPlan((L,) + ONEDNN_EVERYWHERE.products[1:])

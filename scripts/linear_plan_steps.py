@@ -13,6 +13,7 @@ plan's median of 7 rounds of 8 steps; prefill: fresh prompts, median of 5 per pl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
@@ -20,6 +21,7 @@ import time
 from pdmesh.bench.profile import run_to_decode
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.errors import UnknownRequestError
 from pdmesh.model.linear_plan import DEFAULT_PRODUCTS, KERNEL_MAX_ROWS, RANGES, LinearPlan, Product, rows_limit
 from pdmesh.sampling_params import SamplingParams
 
@@ -53,7 +55,8 @@ def decode_ms(engine: LLMEngine, batch: int, named: dict[str, LinearPlan]) -> di
                 engine.step()
             times[name].append((time.perf_counter() - start) / 8)
     for i in range(batch):
-        engine.abort_request(f"b{batch}-{i}")
+        with contextlib.suppress(UnknownRequestError):  # a short context may have ended it
+            engine.abort_request(f"b{batch}-{i}")
     while engine.has_unfinished_requests():
         engine.step()
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}

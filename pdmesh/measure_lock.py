@@ -43,20 +43,19 @@ def measuring_alone(what: str, timeout: float = WAIT_S, path: Path | None = None
         return
     held = False
     try:
-        deadline = time.monotonic() + timeout
-        waited = time.monotonic()
+        since = time.monotonic()
         while not held:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 held = True
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                if time.monotonic() - since > timeout:
                     log.warning("another process has held %s for %.0fs: %s measures beside it, and its "
                                 "figures may be off", path, timeout, what)
                     break
                 time.sleep(_POLL_S)
-        if held and time.monotonic() - waited > 1.0:
-            log.info("%s waited %.1fs for another process's measurement to end", what, time.monotonic() - waited)
+        if held and time.monotonic() - since > 1.0:
+            log.info("%s waited %.1fs for another process's measurement to end", what, time.monotonic() - since)
         yield held
     finally:
         if held:

@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 
-from pdmesh.bench.profile import run_to_decode
+from pdmesh.bench.profile import decode_step_times
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.errors import UnknownRequestError
@@ -44,16 +44,11 @@ def decode_ms(engine: LLMEngine, batch: int, named: dict[str, LinearPlan]) -> di
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True, output_kind="final_only")
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", [rng.randrange(10, vocab - 10) for _ in range(300)], params)
-    run_to_decode(engine, warmup=4)
     times: dict[str, list[float]] = {name: [] for name in named}
     for _ in range(7):
         for name, plan in named.items():
             engine.runner.model.apply_linear_plan(plan)
-            engine.step()  # untimed: the first step after a switch
-            start = time.perf_counter()
-            for _ in range(8):
-                engine.step()
-            times[name].append((time.perf_counter() - start) / 8)
+            times[name].append(statistics.mean(decode_step_times(engine, 8, warmup=1)))  # after a switch
     for i in range(batch):
         with contextlib.suppress(UnknownRequestError):  # a short context may have ended it
             engine.abort_request(f"b{batch}-{i}")

@@ -29,6 +29,7 @@ from pdmesh.attention.cpu_kernels import load
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.model import onednn
+from pdmesh.model.layers import transposed_mm
 from pdmesh.model.linear_plan import DEFAULT_PRODUCTS, KERNEL_MAX_ROWS, LinearPlan, Product
 from pdmesh.sampling_params import SamplingParams
 
@@ -57,7 +58,7 @@ def products() -> None:
         def run(fn, xs=xs):  # type: ignore[no-untyped-def]
             return lambda: [fn(xs[w.shape[1]], w) for ws in weights for w in ws]
 
-        mkl = best(run(lambda x, w: torch.mm(w, x.t()).t()))
+        mkl = best(run(transposed_mm))
         ours = best(run(KERNELS.linear_rows))
         floor = best(run(lambda x, w: w.sum()))
         line = (f"  {rows:3d} rows: MKL {mkl * 1e3:6.1f} ({flops / mkl / 1e9:3.0f})  linear_rows "

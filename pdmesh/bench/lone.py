@@ -21,6 +21,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,26 +62,33 @@ def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str]
     threads = args.threads or (cores if mesh.splits_cpu_cores() else max(1, cores // 2))
     with tempfile.TemporaryDirectory(prefix="pdmesh-lone-") as tmp:
         lone = lone_ttfts(args, {"mesh": mesh, "one worker": one}, prompts, threads, Path(tmp) / "steps")
-    ttft = {way: 1000 * pct([r.ttft for r in lone if r.way == way], 0.5) for way in WAYS}
+    ttft = _p50_ms(lone, lambda r: r.ttft)
     label = f"{plen}-token prompts, one at a time, {n} each way"
     rows.append(Row("lone request", f"TTFT p50 added vs one worker ({label}) (ms)", ttft["mesh"] - ttft["one worker"],
-                    note=" / ".join(f"{way} {ttft[way]:.1f}" for way in WAYS)))
+                    note=_by_way(ttft)))
     rows.append(Row("lone request", f"TTFT p50 added vs in process, {threads} thread(s) (ms)",
                     ttft["mesh"] - ttft["in process"], note="the engine alone: no gRPC, no server"))
     timed = [r for r in lone if r.forward is not None]
     if {r.way for r in timed} != set(WAYS):
         return  # a way whose forward passes no step log timed: nothing to subtract
-    rest = {way: 1000 * pct([r.ttft - (r.forward or 0.0) for r in timed if r.way == way], 0.5) for way in WAYS}
-    fwd = {way: 1000 * pct([r.forward or 0.0 for r in timed if r.way == way], 0.5) for way in WAYS}
+    rest = _p50_ms(timed, lambda r: r.ttft - (r.forward or 0.0))
+    fwd = _p50_ms(timed, lambda r: r.forward or 0.0)
     rows.append(Row("lone request", "TTFT p50 beyond the forward pass, added vs one worker (ms)",
                     rest["mesh"] - rest["one worker"],
-                    note="TTFT - forward: " + " / ".join(f"{way} {rest[way]:.1f}" for way in WAYS)
-                    + "; forward: " + " / ".join(f"{way} {fwd[way]:.1f}" for way in WAYS)))
+                    note=f"TTFT - forward: {_by_way(rest)}; forward: {_by_way(fwd)}"))
     for side in ("before", "after"):
-        ms = {way: 1000 * pct([getattr(r, side) or 0.0 for r in timed if r.way == way], 0.5) for way in WAYS}
+        ms = _p50_ms(timed, lambda r, side=side: getattr(r, side) or 0.0)
         rows.append(Row("lone request", f"TTFT p50 {side} the forward pass, added vs one worker (ms)",
-                        ms["mesh"] - ms["one worker"],
-                        note=f"{side} the forward: " + " / ".join(f"{way} {ms[way]:.1f}" for way in WAYS)))
+                        ms["mesh"] - ms["one worker"], note=f"{side} the forward: {_by_way(ms)}"))
+
+
+def _p50_ms(requests: list[Lone], seconds: Callable[[Lone], float]) -> dict[str, float]:
+    """Each way's p50 of ``seconds(request)``, in ms."""
+    return {way: 1000 * pct([seconds(r) for r in requests if r.way == way], 0.5) for way in WAYS}
+
+
+def _by_way(ms: dict[str, float]) -> str:
+    return " / ".join(f"{way} {ms[way]:.1f}" for way in WAYS)
 
 
 def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: list[list[int]],

@@ -53,9 +53,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                     and weight.dtype == torch.float32 and weight.is_contiguous()):
                 y = few_rows(x, weight)
                 return y.add_(bias) if bias is not None else y
-            y = torch.mm(weight, x.t()).t()
+            y = transposed_mm(x, weight)
             return y + bias if bias is not None else y
     return nn.functional.linear(x, weight, bias)
+
+
+def transposed_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` as MKL's product of the tall weight and a few columns, ``(weight @
+    x.T).T``: a transposed view (the ``MM`` product of ``linear_plan``)."""
+    return torch.mm(weight, x.t()).t()
 
 
 def takes_onednn(x: torch.Tensor, plan: LinearPlan) -> bool:

@@ -85,11 +85,13 @@ DEFAULT_PRODUCTS = (Product.KERNEL,) * 5 + (Product.MM,) * 2 + (Product.LINEAR,)
 """Each range's product without a measurement (bfloat16, CUDA, ``PDMESH_ONEDNN=0``)."""
 PROBE_TIMING = {"rounds": 3, "reps": 1, "warmup": 1}
 """Each product's best of three passes over the weights, after one: the whole probe of the
-default model (eight ranges, three products each) takes ~1.5 s on two cores, as the probe
-of two regimes it replaced did; a gain large enough to act on stands out of three."""
+default model (eight ranges, three products each) takes ~1.6 s on two cores (the probe of
+two regimes it replaced, ~1.5 s); a gain large enough to act on stands out of three."""
 SWITCH_MARGIN = 1.05
-"""A range leaves its default product only for one at least this much faster: a near tie
-is decided the same way in every load, so processes of one mesh compute at one pace."""
+"""A range leaves its default product only for one at least this much faster: a gain
+inside the probe's own spread moves nothing. (Ties near this margin still go either way
+from load to load; the processes of one machine share one plan for that:
+``plan_store``.)"""
 MARGIN = 1.15
 """oneDNN's packed copy of the weights is made only when, for some range, it is at least
 this much faster than the best other product: a second copy of the weights is not worth a

@@ -27,6 +27,7 @@ from pdmesh.model.layers import (
     apply_rope_,
     few_rows_kernel,
     linear,
+    transposed_mm,
 )
 
 
@@ -150,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
         choice is stable."""
         weights = [m.weight for m in self._body_linears()] + [self._head_weight()]
         products: dict[linear_plan.Product, linear_plan.ProductFn] = {
-            linear_plan.Product.MM: lambda x, w: torch.mm(w, x.t()).t(),
+            linear_plan.Product.MM: transposed_mm,
             linear_plan.Product.LINEAR: nn.functional.linear,
         }
         if self.few_rows is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 import subprocess
 import sys
 import time
@@ -21,8 +22,14 @@ with measuring_alone("holder", path=Path(sys.argv[1])):
 
 
 def _holder(lock: Path, seconds: float) -> subprocess.Popen[str]:
+    """A process holding the lock for ``seconds``, once it says so (within 60 s)."""
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    if not ready:
+        proc.kill()
+        raise AssertionError("the lock holder did not start within 60 s")
+    assert proc.stdout.readline() == "held\n"
     return proc
 
 

@@ -205,13 +205,14 @@ class LLMEngine:
                 self.speculator.propose(self.scheduler.running, self.sampler)
             sched = self.scheduler.schedule(prompt_budget)
             prepared = self.runner.prepare(sched) if sched else None
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         result = self.runner.forward(prepared) if prepared is not None else None
         if result is not None:
             seconds, prompt = time.perf_counter() - started, sched.num_prompt_tokens
             self.prefill_cost.observe_step(prompt, sched.num_batched_tokens, seconds)
             if self.step_log is not None:
-                self.step_log.record(sched, prompt, seconds, self.scheduler.num_waiting)
+                self.step_log.record(sched, prompt, seconds, time.thread_time() - cpu_started,
+                                     self.scheduler.num_waiting)
         with self.lock:
             return self._finish_step(sched, result)
 

@@ -6,8 +6,11 @@ A served worker schedules differently from the same engine driven in process (re
 arrive over milliseconds, a step starts before the rest of a burst has come), and the
 gap between the two is invisible in throughput alone. The log answers it: per step, its
 start (monotonic seconds), the forward pass's seconds, the prompt tokens and the decode
-rows it ran, the sequences waiting behind it, and the threads it ran on (a worker that
-splits the machine's cores borrows idle peers' shares: ``core_share.py``). Tab-separated,
+rows it ran, the sequences waiting behind it, the threads it ran on (a worker that
+splits the machine's cores borrows idle peers' shares: ``core_share.py``), and the CPU
+seconds the engine thread itself spent in the forward pass (short of the wall time when the
+thread was preempted or slept: on a step of one thread, what other processes took from its
+core). Tab-separated,
 appended, a line at a time (one ``write`` of ~40 bytes per step of milliseconds: nothing
 lost when a worker is killed).
 """
@@ -28,18 +31,20 @@ ENV = "PDMESH_STEP_LOG"
 class StepLog:
     def __init__(self, path: str) -> None:
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
-        self._file.write(f"# pid {os.getpid()}\tstart_s\tforward_s\tprompt_tokens\tdecode_rows\twaiting\tthreads\n")
+        self._file.write(f"# pid {os.getpid()}\tstart_s\tforward_s\tprompt_tokens\tdecode_rows\twaiting\tthreads\tthread_cpu_s\n")
 
     @classmethod
     def from_env(cls) -> StepLog | None:
         path = os.environ.get(ENV, "")
         return cls(f"{path}.{os.getpid()}") if path else None
 
-    def record(self, sched: SchedulerOutput, prompt_tokens: int, seconds: float, waiting: int) -> None:
-        """A step whose forward pass just ended, ``seconds`` after it started."""
+    def record(self, sched: SchedulerOutput, prompt_tokens: int, seconds: float, cpu_seconds: float,
+               waiting: int) -> None:
+        """A step whose forward pass just ended, ``seconds`` after it started, having used
+        ``cpu_seconds`` of the engine thread's CPU time."""
         decode_rows = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
         self._file.write(f"{time.monotonic() - seconds:.6f}\t{seconds:.6f}\t{prompt_tokens}\t{decode_rows}"
-                         f"\t{waiting}\t{torch.get_num_threads()}\n")
+                         f"\t{waiting}\t{torch.get_num_threads()}\t{cpu_seconds:.6f}\n")
 
     def close(self) -> None:
         self._file.close()

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from pdmesh.rpc.process import advertised, cancel_all, freeze_startup_objects, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
-from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.server import serve_until_signal, set_serving
+from pdmesh.rpc.tls import TLSFiles
 from pdmesh.telemetry.metrics import SnapshotCollector, serve_metrics
 from services.kvstore import servicer
 from services.kvstore.config import KVStoreConfig

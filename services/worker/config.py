@@ -29,6 +29,11 @@ class WorkerConfig(EngineArgs, ServerConfig):
     """Default lifetime of a decode reservation whose KV has not arrived."""
     transfer_timeout_s: float = 30.0
     """Longest a KV write may take before the prefill fails with ABORTED."""
+    warmup_tokens: int = -1
+    """Before serving, compute one prompt of this many tokens and free it, so the first
+    requests do not pay for memory the process touches for the first time
+    (``pdmesh/engine/warm_up.py``); -1 = the step's token budget
+    (max_num_batched_tokens), 0 = none."""
     core_share: str = ""
     """PATH:SLOT of the file where workers that split this machine's cores lend them to
     each other while idle (``pdmesh up`` sets it; needs ``threads``); empty = a fixed

@@ -21,6 +21,7 @@ from pdmesh.engine.compute_thread import build_on_passing_thread
 from pdmesh.engine.core_share import CoreShare, parse_spec
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.step_cost import TokenCost
+from pdmesh.engine.warm_up import warm_up
 from pdmesh.errors import IncompatibleWorkerError, TransferFailedError
 from pdmesh.kv.layout import KVLayout
 from pdmesh.kv.transfer.base import KVRegion, KVTransport, PeerLayout
@@ -63,6 +64,15 @@ def _transport(name: str, region: KVRegion) -> KVTransport:
     return transport
 
 
+def _warmed(engine: LLMEngine, tokens: int) -> LLMEngine:
+    done = warm_up(engine, tokens)
+    if done is not None:
+        logging.getLogger(__name__).info(
+            "warmed up: a %d-token prompt and a decode step in %.2fs (%d page faults)",
+            done.prompt_tokens, done.seconds, done.page_faults)
+    return engine
+
+
 def _core_share(cfg: WorkerConfig) -> CoreShare:
     if not cfg.threads:
         raise ValueError("--core-share needs --threads (this worker's own share of the cores)")
@@ -83,7 +93,7 @@ class WorkerCore:
         self.epoch = uuid.uuid4().hex[:12]
         # Not on this (the event loop's) thread: the engine thread must be the process's
         # only OpenMP pool (compute_thread.py).
-        self.engine = build_on_passing_thread(lambda: LLMEngine(cfg.engine_config()))
+        self.engine = build_on_passing_thread(lambda: _warmed(LLMEngine(cfg.engine_config()), cfg.warmup_tokens))
         self.aeng = AsyncLLMEngine(self.engine)
         if cfg.core_share:
             self.aeng.core_share = _core_share(cfg)

@@ -18,7 +18,9 @@ from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.v1 import admin_pb2_grpc, worker_pb2
 
-WORKER_ARGS = ["--dtype", "float32", "--num-blocks", "256", "--block-size", "16"]
+POOL_BLOCKS = 256
+"""Every test worker's KV pool (a 7-token request takes one 16-token block)."""
+WORKER_ARGS = ["--dtype", "float32", "--num-blocks", str(POOL_BLOCKS), "--block-size", "16"]
 
 
 def admin(mesh: Mesh) -> admin_pb2_grpc.MeshAdminStub:

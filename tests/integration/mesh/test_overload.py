@@ -17,7 +17,7 @@ from pdmesh.client import Client
 from pdmesh.launcher import Mesh
 from pdmesh.rpc.server import CHANNEL_OPTIONS
 from tests.conftest import HFReference
-from tests.integration.mesh.conftest import extra_process, extra_router, wait_idle
+from tests.integration.mesh.conftest import POOL_BLOCKS, extra_process, extra_router, wait_idle
 
 ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED,
            grpc.StatusCode.OUT_OF_RANGE}
@@ -223,7 +223,12 @@ def test_3000_concurrent_streams_complete_or_are_told_to_retry(mesh: Mesh) -> No
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB; router RSS "
           f"{_rss_mib(mesh.router.popen.pid)} MiB after")
     assert set(counts) <= {"OK", "RESOURCE_EXHAUSTED:hint"}, counts
-    assert counts.get("OK", 0) >= 1000
+    # Turnover, not speed: each stream holds one of the decode worker's blocks from its
+    # reservation to its end, and a full pool refuses with the hint. More than two pools'
+    # worth served means blocks were freed and reserved again while the flood went on; how
+    # many more depends on the machine's pace (646-1,844 of 3,000 on 2-core machines, the
+    # fewest with another test run beside it), which a bound of 1,000 made a timing test.
+    assert counts.get("OK", 0) > 2 * POOL_BLOCKS, counts
     stats = admin.RouterStats(admin_pb2.RouterStatsRequest(), timeout=5)
     assert stats.index_fallbacks == fallbacks_before  # Redis was healthy: never "index down"
     workers = admin.ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers

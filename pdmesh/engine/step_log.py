@@ -10,9 +10,8 @@ rows it ran, the sequences waiting behind it, the threads it ran on (a worker th
 splits the machine's cores borrows idle peers' shares: ``core_share.py``), and the CPU
 seconds the engine thread itself spent in the forward pass (short of the wall time when the
 thread was preempted or slept: on a step of one thread, what other processes took from its
-core). Tab-separated,
-appended, a line at a time (one ``write`` of ~40 bytes per step of milliseconds: nothing
-lost when a worker is killed).
+core). Tab-separated, appended, a line at a time (one ``write`` of ~50 bytes per step of
+milliseconds: nothing lost when a worker is killed).
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ ENV = "PDMESH_STEP_LOG"
 class StepLog:
     def __init__(self, path: str) -> None:
         self._file: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the engine
-        self._file.write(f"# pid {os.getpid()}\tstart_s\tforward_s\tprompt_tokens\tdecode_rows\twaiting\tthreads\tthread_cpu_s\n")
+        self._file.write(f"# pid {os.getpid()}\tstart_s\tforward_s\tprompt_tokens\tdecode_rows\twaiting"
+                         "\tthreads\tthread_cpu_s\n")
 
     @classmethod
     def from_env(cls) -> StepLog | None:

@@ -6,7 +6,11 @@ measure at once: on a 2-core machine two processes of two OpenMP threads each ti
 over the default model's weights at 310-324 ms where it takes 5-6 ms alone, the probe
 took 21 s instead of 1.5, and each worker kept whatever plan those figures gave
 (docs/performance.md, section 28). A file lock in the machine's temporary folder makes
-them take turns; a wait past its deadline measures anyway and says so.
+them take turns; a wait past its deadline measures anyway and says so. A worker's
+warm-up (``engine/warm_up.py``), not a measurement but a second of work on every core it
+has, holds the same lock shared (``not_while_measuring``): never beside another process's
+probe, but beside other warm-ups (taking turns there made each extra worker start ~1.6 s
+later on 2 cores, for nothing when they all reuse one plan).
 """
 
 from __future__ import annotations
@@ -34,11 +38,26 @@ def measuring_alone(what: str, timeout: float = WAIT_S, path: Path | None = None
     """Hold the machine's measurement lock while the block runs: True once held; False
     when another process held it past ``timeout`` (logged: the block then measures
     beside it) or when the lock file cannot be opened at all."""
+    with _holding(what, fcntl.LOCK_EX, timeout, path) as held:
+        yield held
+
+
+@contextlib.contextmanager
+def not_while_measuring(what: str, timeout: float = WAIT_S, path: Path | None = None) -> Iterator[bool]:
+    """Hold the lock shared while the block runs: it waits for a measurement in progress
+    and keeps new ones out until it ends, but runs beside other shared holders. True and
+    False as for ``measuring_alone``."""
+    with _holding(what, fcntl.LOCK_SH, timeout, path) as held:
+        yield held
+
+
+@contextlib.contextmanager
+def _holding(what: str, mode: int, timeout: float, path: Path | None) -> Iterator[bool]:
     path = path or Path(tempfile.gettempdir()) / LOCK_FILE
     try:
         fd = _open(path)
     except OSError as exc:
-        log.warning("cannot open %s (%s): %s measures without waiting for other processes", path, exc, what)
+        log.warning("cannot open %s (%s): %s goes ahead without waiting for other processes", path, exc, what)
         yield False
         return
     held = False
@@ -46,12 +65,12 @@ def measuring_alone(what: str, timeout: float = WAIT_S, path: Path | None = None
         since = time.monotonic()
         while not held:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
                 held = True
             except BlockingIOError:
                 if time.monotonic() - since > timeout:
-                    log.warning("another process has held %s for %.0fs: %s measures beside it, and its "
-                                "figures may be off", path, timeout, what)
+                    log.warning("another process has held %s for %.0fs: %s goes ahead beside it, and "
+                                "figures measured meanwhile may be off", path, timeout, what)
                     break
                 time.sleep(_POLL_S)
         if held and time.monotonic() - since > 1.0:

@@ -12,7 +12,10 @@ who starts a mesh and sends it a burst paid it on the burst's first tokens.
 So a worker runs one prompt of the step's token budget (and one decode step after it)
 before it reports itself serving, as vLLM does with its dummy runs. The prompt is
 computed with prefix caching off, so no block of it is cached, published to the index or
-counted; every block it took is free again when ``warm_up`` returns.
+counted; every block it took is free again when ``warm_up`` returns. It holds the
+machine's measurement lock shared (``pdmesh/measure_lock.py``): a second of full-core work
+beside another worker's start-up probe of its linear products would skew that probe, while
+warm-ups may run beside each other.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from pdmesh.engine.step_cost import TokenCost
 from pdmesh.errors import UnknownRequestError
+from pdmesh.measure_lock import not_while_measuring
 from pdmesh.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -63,9 +67,19 @@ def warm_up(engine: LLMEngine, wanted: int = -1) -> WarmUp | None:
         raise RuntimeError("warm_up runs before the engine takes requests")
     vocab = engine.model_config.vocab_size
     prompt = [1 + i % (vocab - 1) for i in range(tokens)]
+    with not_while_measuring("the warm-up"):
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        started = time.perf_counter()
+        _run(engine, prompt)
+        seconds = time.perf_counter() - started
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    engine.prefill_cost = TokenCost()  # a first step's time is not what a token costs
+    return WarmUp(tokens, seconds, faults)
+
+
+def _run(engine: LLMEngine, prompt: list[int]) -> None:
+    """The warm-up request to its end, with prefix caching off; freed whatever happens."""
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, output_kind="final_only")
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    started = time.perf_counter()
     caching, engine.pool.enable_caching = engine.pool.enable_caching, False
     try:
         engine.add_request(REQUEST_ID, prompt, params)
@@ -81,6 +95,3 @@ def warm_up(engine: LLMEngine, wanted: int = -1) -> WarmUp | None:
                 engine.abort_request(REQUEST_ID)
             engine.take_ready_outputs()
         engine.pool.enable_caching = caching
-    engine.prefill_cost = TokenCost()  # a first step's time is not what a token costs
-    return WarmUp(tokens, time.perf_counter() - started,
-                  resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)

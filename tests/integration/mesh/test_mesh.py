@@ -273,3 +273,11 @@ def test_first_token_streamed_from_prefill_matches_the_decode_workers_rendering(
         assert [t for t, _ in early[3]] == early[1]
     assert early[4][:2] == (1, str(first))  # FINISH_REASON_STOP on the stop token
     wait_idle(mesh, timeout=8)  # sooner than the reservations' 10 s lease
+
+
+def test_every_worker_warmed_up_before_serving(mesh: Mesh) -> None:
+    # The prefill workers' step budget is 64 tokens; the decode worker's is the default
+    # 2,048, cut to 2,046 by the tiny model's 2,048-token context (room for the decode step).
+    for proc, tokens in [*((p, 64) for p in mesh.prefill), *((d, 2046) for d in mesh.decode)]:
+        assert proc.log is not None
+        assert f"warmed up: a {tokens}-token prompt and a decode step" in proc.log.read_text(), proc.name

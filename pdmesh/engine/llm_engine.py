@@ -28,7 +28,7 @@ from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.engine.spec.speculator import Verified, build_speculator
 from pdmesh.engine.step_cost import TokenCost
-from pdmesh.engine.step_log import StepLog
+from pdmesh.engine.step_log import StepLog, ThreadUsage
 from pdmesh.engine.stopping import finish_status
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher
@@ -205,14 +205,14 @@ class LLMEngine:
                 self.speculator.propose(self.scheduler.running, self.sampler)
             sched = self.scheduler.schedule(prompt_budget)
             prepared = self.runner.prepare(sched) if sched else None
-        started, cpu_started = time.perf_counter(), time.thread_time()
+        usage = ThreadUsage.now() if self.step_log is not None else None
+        started = time.perf_counter()
         result = self.runner.forward(prepared) if prepared is not None else None
         if result is not None:
             seconds, prompt = time.perf_counter() - started, sched.num_prompt_tokens
             self.prefill_cost.observe_step(prompt, sched.num_batched_tokens, seconds)
-            if self.step_log is not None:
-                self.step_log.record(sched, prompt, seconds, time.thread_time() - cpu_started,
-                                     self.scheduler.num_waiting)
+            if self.step_log is not None and usage is not None:
+                self.step_log.record(sched, prompt, seconds, usage, self.scheduler.num_waiting)
         with self.lock:
             return self._finish_step(sched, result)
 

@@ -4,9 +4,9 @@ A fresh worker's first large prompt step pays for memory it touches for the firs
 the activations of a 2,048-token step are tens of MiB, which the allocator takes from the
 kernel page by page (``pdmesh/allocator.py`` then keeps them). Measured on 2 cores (the
 default 40M model, 1 prefill + 1 decode worker, a burst of 32 prompts sharing 4
-prefixes), a worker's first two prompt steps took 4,600-5,900 minor page faults and
-0.04-0.08 s of system time each, about a tenth of the step; the same steps in a warm
-process took none (docs/performance.md §29). A long-running server pays that once; a user
+prefixes), a worker's first two prompt steps took 3,900-5,900 minor page faults each
+(0.04-0.08 s of system time, about a tenth of the step); the same steps in a warm process
+took a handful (docs/performance.md §29). A long-running server pays that once; a user
 who starts a mesh and sends it a burst paid it on the burst's first tokens.
 
 So a worker runs one prompt of the step's token budget (and one decode step after it)

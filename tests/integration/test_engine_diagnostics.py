@@ -43,6 +43,8 @@ def test_the_step_log_has_one_line_per_step_with_its_prompt_tokens_and_decode_ro
     assert sum(r[3] for r in rows) == 2 * 4  # then four decode rows each
     assert all(r[1] > 0 for r in rows) and [r[0] for r in rows] == sorted(r[0] for r in rows)
     assert all(0 < r[6] <= r[1] + 0.005 for r in rows)  # the engine thread's CPU seconds, within its wall time
+    assert all(r[7] >= 0 and r[8] >= 0 for r in rows)  # page faults, preemptions
+    assert len(lines[0].split("\t")) == 1 + len(lines[1].split("\t"))  # "# pid N", then a name a column
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kernel thread names and /proc are Linux's")

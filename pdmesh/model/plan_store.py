@@ -49,20 +49,15 @@ def _path() -> Path:
 def load(key: str, path: Path | None = None, now: float | None = None) -> Stored | None:
     """The plan stored under ``key`` if it is younger than ``REUSE_S``."""
     entry = _read(path or _path()).get(key)
-    if not isinstance(entry, dict):
-        return None
-    age = (time.time() if now is None else now) - float(entry.get("at", 0.0))
-    if not 0 <= age < REUSE_S:
-        return None
-    return Stored(tuple(entry.get("products", ())), age, int(entry.get("pid", 0)))
+    return _young(entry, time.time() if now is None else now)
 
 
 def save(key: str, products: tuple[str, ...], path: Path | None = None, now: float | None = None) -> None:
-    """Store ``products`` under ``key`` (entries past ``REUSE_S`` are dropped on the way)."""
+    """Store ``products`` under ``key`` (entries past ``REUSE_S``, or unreadable, are dropped
+    on the way)."""
     path = path or _path()
     at = time.time() if now is None else now
-    entries = {k: v for k, v in _read(path).items()
-               if isinstance(v, dict) and 0 <= at - float(v.get("at", 0.0)) < REUSE_S}
+    entries = {k: v for k, v in _read(path).items() if _young(v, at) is not None}
     entries[key] = {"products": list(products), "at": at, "pid": os.getpid()}
     tmp: str | None = None
     try:
@@ -76,6 +71,22 @@ def save(key: str, products: tuple[str, ...], path: Path | None = None, now: flo
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _young(entry: object, now: float) -> Stored | None:
+    """``entry`` as stored, if it is younger than ``REUSE_S``; None for an old one or one
+    not in this module's form (another version's, or damaged: then measured again)."""
+    if not isinstance(entry, dict):
+        return None
+    try:
+        age = now - float(entry.get("at", 0.0))
+        products = entry.get("products", ())
+        if not isinstance(products, list | tuple) or not all(isinstance(p, str) for p in products):
+            return None
+        stored = Stored(tuple(products), age, int(entry.get("pid", 0)))
+    except (TypeError, ValueError):
+        return None
+    return stored if 0 <= age < REUSE_S else None
 
 
 def _read(path: Path) -> dict[str, object]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -34,6 +35,17 @@ def test_a_store_that_cannot_be_read_or_written_costs_a_measurement_not_a_start(
         plan_store.save("k", ("mm",), path=tmp_path / "no-such-folder" / "plans.json")
     assert "cannot read" in caplog.text and "cannot store" in caplog.text
     assert list(tmp_path.iterdir()) == [bad]  # no temporary file left behind
+
+
+def test_entries_not_in_the_stores_form_are_measured_again_and_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "plans.json"
+    path.write_text('{"a": {"at": "yesterday", "products": ["mm"]}, "b": {"at": 1000.0, "products": 5},'
+                    ' "c": {"at": 1000.0, "products": [1, 2]}, "d": {"at": 1000.0, "products": ["mm"], "pid": "x"},'
+                    ' "e": 7}')
+    for key in "abcde":
+        assert plan_store.load(key, path=path, now=1000.0) is None
+    plan_store.save("k", ("mm",), path=path, now=1000.0)
+    assert set(json.loads(path.read_text())) == {"k"}
 
 
 @pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN (mkldnn)")

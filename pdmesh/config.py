@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.kv.block_hash import HashAlgorithm
+from pdmesh.kv.eviction import EvictionPolicy
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "cpu"]
@@ -31,6 +32,10 @@ class CacheConfig:
     kv_cache_memory_gb: float = 2.0
     """Memory for the KV pool when ``num_blocks`` is None."""
     enable_prefix_caching: bool = True
+    prefix_eviction: EvictionPolicy = "reuse"
+    """Which free block goes first (``pdmesh/kv/eviction.py``): "reuse" keeps blocks
+    another request hit (or that were computed again after eviction) past every other;
+    "lru": least recently used first, whatever it held."""
     hash_algorithm: HashAlgorithm = "xxh3_128"
     hash_seed: int = 0
     """Every worker of one mesh must use the same seed (and algorithm, block size)."""
@@ -173,6 +178,9 @@ class EngineArgs(MeshContract):
     """Memory for the KV pool when num_blocks is 0."""
     enable_prefix_caching: bool = CacheConfig.enable_prefix_caching
     """Keep computed prompt blocks for reuse by later requests."""
+    prefix_eviction: EvictionPolicy = CacheConfig.prefix_eviction
+    """Which cached block goes first under memory pressure: "reuse" keeps blocks other
+    requests hit past one-off ones; "lru": least recently used first."""
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     """Token budget of one step (prefill chunks plus decode tokens)."""
     max_num_seqs: int = SchedulerConfig.max_num_seqs
@@ -199,6 +207,7 @@ class EngineArgs(MeshContract):
                 block_size=self.block_size, num_blocks=self.num_blocks or None,
                 kv_cache_memory_gb=self.kv_cache_memory_gb,
                 enable_prefix_caching=self.enable_prefix_caching,
+                prefix_eviction=self.prefix_eviction,
                 hash_algorithm=self.hash_algorithm, hash_seed=self.hash_seed,
             ),
             scheduler=SchedulerConfig(

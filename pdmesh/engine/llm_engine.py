@@ -57,7 +57,7 @@ class LLMEngine:
         self.hasher = BlockHasher(cc.block_size, cc.hash_seed, cc.hash_algorithm)
         layout = KVLayout.for_model(cfg, cc.block_size, str(dtype).removeprefix("torch."))
         num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_memory_gb * 2**30) // layout.block_bytes)
-        self.pool = BlockPool(num_blocks, cc.enable_prefix_caching)
+        self.pool = BlockPool(num_blocks, cc.enable_prefix_caching, cc.prefix_eviction)
         self.kv = KVCacheManager(self.pool, self.hasher)
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(

@@ -1,12 +1,13 @@
 """The pool of physical KV blocks: allocation, ref counts, the prefix-cache map and events.
 
 Invariants (checked, never assumed):
-- a block is in the free queue iff its ref count is 0;
+- a block is free (in one of ``FreeBlocks``' queues) iff its ref count is 0;
 - a block is in ``cached`` iff its ``block_hash`` is set, and then it is the map's entry;
-- ``num_used + len(free queue) == num_blocks``.
+- ``num_used + len(free blocks) == num_blocks``.
 
 Freed blocks keep their hash, so a later request can revive them (a prefix hit) until
-allocation pressure evicts them from the head of the free queue (LRU).
+allocation pressure evicts them: blocks that never proved reusable first, least recently
+used first within each kind (``pdmesh/kv/eviction.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from pdmesh.kv.free_queue import FreeBlockQueue, KVBlock
+from pdmesh.kv.eviction import EvictionPolicy, FreeBlocks
+from pdmesh.kv.free_queue import KVBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +37,14 @@ class BlockPoolStats:
 class BlockPool:
     """Owns every ``KVBlock``; hands them out, takes them back and tracks the prefix cache."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, eviction: EvictionPolicy = "reuse") -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.free = FreeBlocks(self.blocks, eviction, remember=num_blocks)
+        """Free blocks in eviction order; remembers the pool's worth of evicted hashes."""
         self.cached: dict[BlockHash, KVBlock] = {}
         self._events: list[KVEvent] = []
         self.on_first_event: Callable[[], None] | None = None
@@ -53,19 +56,20 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation could take now (free plus evictable cached blocks)."""
-        return len(self.free_queue)
+        return len(self.free)
 
     def get_new_blocks(self, n: int) -> list[KVBlock] | None:
-        """Take ``n`` blocks from the head of the free queue, evicting cached ones.
+        """Take ``n`` free blocks in eviction order, evicting cached ones.
 
         Returns ``None`` (capacity, not an error) when fewer than ``n`` are available.
         """
-        if n > len(self.free_queue):
+        if n > len(self.free):
             return None
         out: list[KVBlock] = []
         evicted: list[BlockHash] = []
         for _ in range(n):
-            block = self.free_queue.popleft()
+            block = self.free.popleft()
+            self.free.evicted(block, block.block_hash)
             if block.block_hash is not None:
                 evicted.append(block.block_hash)
                 self._uncache(block)
@@ -76,15 +80,19 @@ class BlockPool:
             self._record(BlockRemoved(tuple(evicted)))
         return out
 
-    def touch(self, blocks: Iterable[KVBlock]) -> None:
-        """Take a reference on blocks found in the prefix cache (revive them if free)."""
+    def touch(self, blocks: Iterable[KVBlock], reuse: bool = False) -> None:
+        """Take a reference on blocks (revive them if free). ``reuse``: another request
+        found them in the prefix cache, so they are kept longer once free again (a fork of
+        the same request sharing its blocks is not reuse)."""
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free_queue.remove(block)
+                self.free.remove(block)
             block.ref_cnt += 1
+            if reuse:
+                self.free.mark_reused(block)
 
     def free_blocks(self, blocks: Iterable[KVBlock]) -> None:
-        """Drop one reference from each block; blocks reaching 0 join the queue tail in order.
+        """Drop one reference from each block; blocks reaching 0 join their queue's tail in order.
 
         Callers pass a request's blocks tail-first so that a prefix's deepest blocks are
         evicted before its shared roots.
@@ -94,7 +102,7 @@ class BlockPool:
                 raise RuntimeError(f"double free of {block!r}")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                self.free.append(block)
 
     # -- prefix cache -----------------------------------------------------------------
     def lookup(self, block_hash: BlockHash, token_ids: Sequence[int]) -> KVBlock | None:
@@ -129,6 +137,8 @@ class BlockPool:
                 continue
             if not stored:
                 first_parent = hashes[i - 1] if i else parent
+            if block.ref_cnt > 0 and self.free.computed_again(block_hash):
+                self.free.mark_reused(block)
             block.block_hash = block_hash
             block.token_ids = tuple(toks)
             self.cached[block_hash] = block
@@ -148,6 +158,7 @@ class BlockPool:
             return False
         for block in list(self.cached.values()):
             self._uncache(block)
+        self.free.reset()
         self._record(AllBlocksCleared())
         return True
 
@@ -164,7 +175,7 @@ class BlockPool:
 
     def stats(self) -> BlockPoolStats:
         """Block accounting; with no live request, ``used`` must be 0."""
-        idle = len(self.free_queue)
+        idle = len(self.free)
         used = self.num_blocks - idle
         cached = sum(1 for b in self.cached.values() if b.ref_cnt == 0)
         return BlockPoolStats(self.num_blocks, used, cached, idle - cached)

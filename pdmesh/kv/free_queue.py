@@ -24,11 +24,15 @@ class KVBlock:
     """Set while this block is the prefix-cache entry for its hash."""
     token_ids: tuple[int, ...] | None = None
     """The tokens the hash was computed from; a hit is verified against them."""
+    reused: bool = False
+    """Its content proved reusable (``pdmesh/kv/eviction.py``): free, it is evicted after
+    every block that did not."""
     prev_free: KVBlock | None = None
     next_free: KVBlock | None = None
 
     def __repr__(self) -> str:
-        return f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
+        return (f"KVBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None}"
+                f"{', reused' if self.reused else ''})")
 
 
 class FreeBlockQueue:

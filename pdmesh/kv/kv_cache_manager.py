@@ -114,7 +114,7 @@ class KVCacheManager:
         if num_new_blocks + needs_cow > self.pool.num_free_blocks - revived:
             return False
         if computed:
-            self.pool.touch(computed)
+            self.pool.touch(computed, reuse=True)
             blocks = list(computed)
             seq.num_computed_tokens = start
             self._num_registered[seq.seq_id] = len(computed)
@@ -188,7 +188,7 @@ class KVCacheManager:
             held = self.pool.lookup(seq.block_hashes[i], seq.token_ids[i * bs : (i + 1) * bs])
             if held is None or held is block:
                 continue
-            self.pool.touch([held])
+            self.pool.touch([held], reuse=True)
             blocks[i] = held
             self.pool.free_blocks([block])
 

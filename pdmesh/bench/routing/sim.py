@@ -5,8 +5,9 @@ lookup, epochs, recent routes), the ``WorkerHandle`` load and queued-token figur
 index protocol (``IndexPublisher`` events into, and ``PrefixIndex`` lookups from, a real
 Redis). What is modelled: each worker serves its queue in order, a request costing
 ``overhead_s + computed * s_per_token + fetched * s_per_token * fetch_ratio`` (costs
-measured on the real engine, ``costs.py``), and holds an LRU pool of ``pool_blocks`` block
-hashes; a shared kvstore tier of ``kvstore_blocks`` is optional. Workers report their queue
+measured on the real engine, ``costs.py``), and holds a pool of ``pool_blocks`` block
+hashes evicted as the engine's default evicts (``SimPool``, ``pdmesh/kv/eviction.py``); a
+shared kvstore tier of ``kvstore_blocks`` (LRU, as the kvstore) is optional. Workers report their queue
 to the router every ``info_interval_s`` like ``Info`` does, and publish a prompt's blocks
 when its prefill starts (a real worker publishes them chunk by chunk while it computes).
 Time is virtual, so 1,000 workers run on a laptop; decision latency is wall-clock.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 import redis.asyncio as aioredis
 
 from pdmesh.bench.routing.traffic import Job, Traffic
-from pdmesh.bench.routing.workers import LRUBlocks, Served, SimWorker
+from pdmesh.bench.routing.workers import Served, SimPool, SimWorker
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
@@ -121,8 +122,8 @@ class Simulation:
         self.router = PrefillRouter(build_policy(self.policy_name, cfg), self.index, spec.block_size,
                                     clock=lambda: self.now)
         self.workers = [self._worker(i, client) for i in range(spec.prefill_workers)]
-        self.store = LRUBlocks(spec.kvstore_blocks, IndexPublisher(
-            self.redis_url, "kvstore-0", "e0", "sim", client=client)) if spec.kvstore_blocks else None
+        self.store = SimPool(spec.kvstore_blocks, IndexPublisher(
+            self.redis_url, "kvstore-0", "e0", "sim", client=client), "lru") if spec.kvstore_blocks else None
         if spec.preload_blocks:
             await self._preload()
         ops_before = await self._redis_ops()

@@ -1,5 +1,5 @@
-"""A simulated prefill worker: a queue served in order and an LRU pool of block hashes
-that publishes what it gains and loses through the real ``IndexPublisher``."""
+"""A simulated prefill worker: a queue served in order and a pool of block hashes, evicted
+as the engine's are, that publishes what it gains and loses through the real ``IndexPublisher``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pdmesh.bench.routing.traffic import Job
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
+from pdmesh.kv.eviction import EvictionPolicy, RecentlyEvicted
 from services.router.registry import WorkerHandle
 
 
@@ -30,33 +31,58 @@ class Served:
     done: float = 0.0
 
 
-class LRUBlocks:
-    """A pool of block hashes evicted least recently used first, publishing what it gains
-    and loses to the index: a worker's prefix cache, or the kvstore tier."""
+class SimPool:
+    """A pool of block hashes that evicts as the engine's ``BlockPool`` does under
+    ``policy`` (``pdmesh/kv/eviction.py``) and publishes what it gains and loses to the
+    index: a worker's prefix cache, or (``lru``) the kvstore tier."""
 
-    def __init__(self, capacity: int, publisher: IndexPublisher) -> None:
+    def __init__(self, capacity: int, publisher: IndexPublisher, policy: EvictionPolicy = "reuse") -> None:
         self.capacity = capacity
         self.publisher = publisher
-        self.blocks: OrderedDict[bytes, None] = OrderedDict()
+        self.policy = policy
+        self.once: OrderedDict[bytes, None] = OrderedDict()
+        self.reused: OrderedDict[bytes, None] = OrderedDict()
+        """Blocks a later request hit, or computed again after eviction: evicted after
+        every block in ``once``, least recently used first within each."""
+        self.recently_evicted = RecentlyEvicted(capacity if policy == "reuse" else 0)
+
+    def __contains__(self, block_hash: bytes) -> bool:
+        return block_hash in self.once or block_hash in self.reused
+
+    def __len__(self) -> int:
+        return len(self.once) + len(self.reused)
 
     def held(self, hashes: list[bytes], start: int = 0) -> int:
         """Leading blocks of ``hashes[start:]`` present."""
         n = start
-        while n < len(hashes) and hashes[n] in self.blocks:
+        while n < len(hashes) and hashes[n] in self:
             n += 1
         return n - start
 
     async def store(self, hashes: list[bytes]) -> None:
-        """Touch the blocks, evict beyond capacity, publish both. A prompt's tail is touched
-        first, so it is evicted before its head, as the engine frees a request's blocks
-        (``KVCacheManager``): a chain loses its last blocks, not the one all others follow."""
-        new = [h for h in hashes if h not in self.blocks]
-        for h in reversed(hashes):
-            self.blocks[h] = None
-            self.blocks.move_to_end(h)
+        """A request's blocks, once it is served, in the engine's order: its leading hits
+        are held, blocks for the rest are taken (evicting from the head of ``once``, then of
+        ``reused``), and all are freed tail first, so a chain loses its last blocks before
+        the one all others follow (``KVCacheManager``). Publishes what was gained and lost."""
+        hits = set(hashes[: self.held(hashes)])
+        for h in hits:
+            (self.reused if h in self.reused else self.once).pop(h)
         evicted = []
-        while len(self.blocks) > self.capacity:
-            evicted.append(self.blocks.popitem(last=False)[0])
+        while self and len(self) + len(hashes) > self.capacity:
+            h = (self.once if self.once else self.reused).popitem(last=False)[0]
+            self.recently_evicted.add(h)
+            evicted.append(h)
+        new = [h for h in hashes[len(hits):] if h not in self]  # hits are out of the pool now
+        again = {h for h in new if self.recently_evicted.take(h)}
+        for h in reversed(hashes):
+            if h in hits:
+                (self.reused if self.policy == "reuse" else self.once)[h] = None
+            elif h in again:
+                self.reused[h] = None
+            elif h in self.once or h in self.reused:
+                continue  # a block past the first miss that is cached already: the entry stays
+            else:
+                self.once[h] = None
         events: list[KVEvent] = ([BlockRemoved(tuple(evicted))] if evicted else []) + (
             [BlockStored(tuple(new), None)] if new else [])
         if events:
@@ -67,7 +93,7 @@ class SimWorker:
     def __init__(self, index: int, pool_blocks: int, handle: WorkerHandle, publisher: IndexPublisher) -> None:
         self.index = index
         self.handle = handle
-        self.pool = LRUBlocks(pool_blocks, publisher)
+        self.pool = SimPool(pool_blocks, publisher)
         self.queue: deque[Served] = deque()
         self.current: Served | None = None
         self.busy_s = 0.0

@@ -112,3 +112,57 @@ def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url
     real_hit = cached / prompt
     print(f"prefill hit rate: simulated {sim_hit:.3f}, real mesh {real_hit:.3f}")
     assert 0 < sim_hit and abs(sim_hit - real_hit) <= 0.1 * real_hit, (sim_hit, real_hit, decisions)
+
+
+@pytest.mark.parametrize("policy", ["reuse", "lru"])
+def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str, policy: str) -> None:
+    """The same requests one at a time through the engine's ``BlockPool`` and the
+    simulator's ``SimPool`` of the same size find the same prefix hits, request by request,
+    under cache pressure (a pool of 3 prefixes' worth for 6 Zipf-popular ones)."""
+    import asyncio
+    import random
+
+    from pdmesh.bench.routing.workers import SimPool
+    from pdmesh.index.publisher import IndexPublisher
+    from pdmesh.kv.block_hash import BlockHasher
+    from pdmesh.kv.block_pool import BlockPool
+
+    hasher, rng, size = BlockHasher(BS), random.Random(5), 3 * 8 + 6
+    prefixes = [[rng.randrange(10, 1000) for _ in range(8 * BS)] for _ in range(6)]
+    prompts = [rng.choices(prefixes, [1 / (k + 1) for k in range(6)])[0] + [rng.randrange(10, 1000)
+                                                                              for _ in range(2 * BS)]
+               for _ in range(300)]
+
+    def engine_hits() -> list[int]:
+        pool, hits = BlockPool(size, eviction=policy), []  # type: ignore[arg-type]
+        for tokens in prompts:
+            hashes, chunks = hasher.hash_tokens(tokens), [tokens[i:i + BS] for i in range(0, len(tokens), BS)]
+            found = []
+            for h, chunk in zip(hashes, chunks, strict=True):
+                block = pool.lookup(h, chunk)
+                if block is None:
+                    break
+                found.append(block)
+            pool.touch(found, reuse=True)
+            new = pool.get_new_blocks(len(hashes) - len(found))
+            assert new is not None
+            pool.cache_blocks(new, hashes[len(found):], chunks[len(found):], hashes[len(found) - 1] if found else None)
+            pool.free_blocks(reversed(found + new))
+            hits.append(len(found))
+        return hits
+
+    async def sim_hits() -> list[int]:
+        publisher = IndexPublisher(redis_url, f"pool-{policy}", "e0", "sim")
+        pool, hits = SimPool(size, publisher, policy), []  # type: ignore[arg-type]
+        try:
+            for tokens in prompts:
+                hashes = hasher.hash_tokens(tokens)
+                hits.append(pool.held(hashes))
+                await pool.store(hashes)
+        finally:
+            await publisher.redis.aclose()
+        return hits
+
+    engine = engine_hits()
+    assert engine == asyncio.run(sim_hits())
+    assert 0 < sum(engine) < 8 * len(prompts)  # some hits, some prefixes evicted

@@ -102,3 +102,83 @@ def test_the_first_event_waiting_to_be_taken_calls_on_first_event_once() -> None
     pool.free_blocks(blocks)
     assert pool.reset_prefix_cache()
     assert calls == [1, 1]
+
+
+def evict_order(pool: BlockPool, n: int) -> list[int]:
+    """The ids of the next ``n`` blocks allocation takes, one at a time."""
+    return [pool.get_new_blocks(1)[0].block_id for _ in range(n)]  # type: ignore[index]
+
+
+def test_a_block_another_request_hit_outlives_blocks_freed_after_it() -> None:
+    """``reuse`` eviction: a shared prefix is not pushed out by the one-off blocks of the
+    requests between its uses, as it is under LRU."""
+    # Never-used block 3 goes first under both; then the one-off blocks under "reuse",
+    # the prefix (freed before them) under "lru".
+    for policy, expected in (("reuse", [3, 2, 1]), ("lru", [3, 0, 2])):
+        pool = BlockPool(4, eviction=policy)
+        prefix = pool.get_new_blocks(1)
+        assert prefix is not None
+        cache(pool, prefix, [1, 2])
+        pool.free_blocks(prefix)
+        pool.touch(prefix, reuse=True)  # a later request's prefix hit
+        pool.free_blocks(prefix)
+        others = pool.get_new_blocks(2)  # blocks 1 and 2, then freed after the prefix
+        assert others is not None
+        cache(pool, others, [5, 6, 7, 8])
+        pool.free_blocks(reversed(others))
+        assert pool.stats().cached == 3
+        assert evict_order(pool, 3) == expected, policy
+
+
+def test_a_fork_sharing_its_own_blocks_is_not_reuse() -> None:
+    pool = BlockPool(3)
+    blocks = pool.get_new_blocks(1)
+    assert blocks is not None
+    cache(pool, blocks, [1, 2])
+    pool.touch(blocks)  # n > 1: a second sequence of the same request
+    pool.free_blocks(blocks + blocks)
+    assert not blocks[0].reused and pool.free.num_reused == 0
+
+
+def test_a_block_computed_again_after_its_eviction_is_kept_as_reused() -> None:
+    """A prefix used less often than the pool turns over is evicted once, then recognised
+    by its hash when computed again, and kept past one-off blocks from then on."""
+    pool = BlockPool(2)
+    a = pool.get_new_blocks(1)
+    assert a is not None
+    (h,) = cache(pool, a, [1, 2])
+    pool.free_blocks(a)
+    pool.free_blocks(pool.get_new_blocks(2) or [])  # evicts it (block 1 first, then 0)
+    assert h not in pool.cached
+    again = pool.get_new_blocks(1)
+    assert again is not None
+    cache(pool, again, [1, 2])
+    assert again[0].reused
+    pool.free_blocks(again)
+    one_off = pool.get_new_blocks(1)
+    assert one_off is not None and one_off[0] is not again[0]
+    cache(pool, one_off, [3, 4])
+    pool.free_blocks(one_off)
+    assert evict_order(pool, 1) == [one_off[0].block_id]
+    assert h in pool.cached
+
+
+def test_reset_prefix_cache_forgets_reuse() -> None:
+    pool = BlockPool(2)
+    blocks = pool.get_new_blocks(1)
+    assert blocks is not None
+    (h,) = cache(pool, blocks, [1, 2])
+    pool.free_blocks(blocks)
+    pool.touch(blocks, reuse=True)
+    pool.free_blocks(blocks)
+    pool.get_new_blocks(2)  # evicts h: remembered as recently evicted
+    pool.free_blocks(pool.blocks)
+    assert pool.reset_prefix_cache()
+    assert pool.free.num_reused == 0 and len(pool.free.recently_evicted) == 0
+    assert not any(b.reused for b in pool.blocks)
+    assert evict_order(pool, 2) == [0, 1]
+
+
+def test_an_unknown_eviction_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="eviction policy"):
+        BlockPool(2, eviction="mru")  # type: ignore[arg-type]

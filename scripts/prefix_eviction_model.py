@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from pdmesh.bench.routing.mesh_command import TRAFFIC
 from pdmesh.bench.routing.traffic import Job, Traffic, build_traffic
+from pdmesh.bench.routing.workers import through_block_pool
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.eviction import EvictionPolicy
@@ -61,24 +62,13 @@ def run(traffic: Traffic, policy: EvictionPolicy, pool_blocks: int) -> tuple[int
         hashes = hasher.hash_tokens(tokens)
         chunks = [tokens[i:i + BS] for i in range(0, len(hashes) * BS, BS)]
         pool = pools[home.setdefault(hashes[0], len(home) % 2)]
-        found = []
-        for h, chunk in zip(hashes, chunks, strict=True):
-            block = pool.lookup(h, chunk)
-            if block is None:
-                break
-            found.append(block)
-        for i in range(len(found), len(hashes)):
+        hits = through_block_pool(pool, hashes, chunks)
+        for i in range(hits, len(hashes)):
             if hashes[i] in seen:
                 again_prefix += i < prefix_blocks
                 again_other += i >= prefix_blocks
         seen.update(hashes)
-        pool.touch(found, reuse=True)
-        new = pool.get_new_blocks(len(hashes) - len(found))
-        if new is None:
-            raise SystemExit(f"a pool of {pool_blocks} blocks cannot hold a {len(tokens)}-token prompt")
-        pool.cache_blocks(new, hashes[len(found):], chunks[len(found):], hashes[len(found) - 1] if found else None)
-        pool.free_blocks(reversed(found + new))
-        computed += len(tokens) - len(found) * BS
+        computed += len(tokens) - hits * BS
     return computed, again_prefix, again_other
 
 

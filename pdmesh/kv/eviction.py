@@ -5,8 +5,9 @@ every prompt, a finished conversation) push out blocks many requests read (a sys
 prompt used now and then). On ``pdmesh bench route-mesh``'s traffic (12 Zipf-popular
 512-token prefixes with fresh 64-token suffixes and growing conversations, prefill pools
 holding the prefixes with some room), the prefill workers computed 1.21-1.22x the
-oracle's prompt tokens over 480 requests under LRU, almost all of it prefixes of the rare
-groups computed again after one-off blocks evicted them (docs/routing.md, "Eviction").
+oracle's prompt tokens over 480 requests under LRU; replayed through this pool
+(``scripts/prefix_eviction_model.py``), most of what LRU computes again are shared-prefix
+blocks that one-off blocks had evicted (docs/routing.md, "Eviction").
 
 Policy ``reuse`` (the default) keeps two LRU queues of free blocks. A block whose content
 has proven reusable waits in the *reused* queue: a later request hit it as a prefix, or

@@ -7,9 +7,10 @@ Redis). What is modelled: each worker serves its queue in order, a request costi
 ``overhead_s + computed * s_per_token + fetched * s_per_token * fetch_ratio`` (costs
 measured on the real engine, ``costs.py``), and holds a pool of ``pool_blocks`` block
 hashes evicted as the engine's default evicts (``SimPool``, ``pdmesh/kv/eviction.py``); a
-shared kvstore tier of ``kvstore_blocks`` (LRU, as the kvstore) is optional. Workers report their queue
-to the router every ``info_interval_s`` like ``Info`` does, and publish a prompt's blocks
-when its prefill starts (a real worker publishes them chunk by chunk while it computes).
+shared kvstore tier of ``kvstore_blocks`` (LRU, as the kvstore) is optional. Workers report
+their queue to the router every ``info_interval_s`` like ``Info`` does, and publish a
+prompt's blocks when its prefill starts (a real worker publishes them chunk by chunk while
+it computes).
 Time is virtual, so 1,000 workers run on a laptop; decision latency is wall-clock.
 """
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pdmesh.bench.routing.traffic import Job
 from pdmesh.index.publisher import IndexPublisher
+from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
 from pdmesh.kv.eviction import EvictionPolicy, RecentlyEvicted
 from services.router.registry import WorkerHandle
@@ -29,6 +30,26 @@ class Served:
     fetched: int = 0
     start: float = 0.0
     done: float = 0.0
+
+
+def through_block_pool(pool: BlockPool, hashes: list[bytes], chunks: list[list[int]]) -> int:
+    """One request's full blocks through the engine's ``BlockPool`` with nothing else in
+    flight, in ``KVCacheManager``'s order (leading hits held, the rest allocated and
+    cached, all freed tail first); returns the hits. What ``SimPool.store`` models, and
+    what ``scripts/prefix_eviction_model.py`` replays traffic with."""
+    found = []
+    for h, chunk in zip(hashes, chunks, strict=True):
+        block = pool.lookup(h, chunk)
+        if block is None:
+            break
+        found.append(block)
+    pool.touch(found, reuse=True)
+    new = pool.get_new_blocks(len(hashes) - len(found))
+    if new is None:
+        raise ValueError(f"a pool of {pool.num_blocks} blocks cannot hold {len(hashes)} more")
+    pool.cache_blocks(new, hashes[len(found):], chunks[len(found):], hashes[len(found) - 1] if found else None)
+    pool.free_blocks(reversed(found + new))
+    return len(found)
 
 
 class SimPool:

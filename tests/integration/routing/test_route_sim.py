@@ -122,7 +122,7 @@ def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str
     import asyncio
     import random
 
-    from pdmesh.bench.routing.workers import SimPool
+    from pdmesh.bench.routing.workers import SimPool, through_block_pool
     from pdmesh.index.publisher import IndexPublisher
     from pdmesh.kv.block_hash import BlockHasher
     from pdmesh.kv.block_pool import BlockPool
@@ -134,22 +134,9 @@ def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str
                for _ in range(300)]
 
     def engine_hits() -> list[int]:
-        pool, hits = BlockPool(size, eviction=policy), []  # type: ignore[arg-type]
-        for tokens in prompts:
-            hashes, chunks = hasher.hash_tokens(tokens), [tokens[i:i + BS] for i in range(0, len(tokens), BS)]
-            found = []
-            for h, chunk in zip(hashes, chunks, strict=True):
-                block = pool.lookup(h, chunk)
-                if block is None:
-                    break
-                found.append(block)
-            pool.touch(found, reuse=True)
-            new = pool.get_new_blocks(len(hashes) - len(found))
-            assert new is not None
-            pool.cache_blocks(new, hashes[len(found):], chunks[len(found):], hashes[len(found) - 1] if found else None)
-            pool.free_blocks(reversed(found + new))
-            hits.append(len(found))
-        return hits
+        pool = BlockPool(size, eviction=policy)  # type: ignore[arg-type]
+        return [through_block_pool(pool, hasher.hash_tokens(t), [t[i:i + BS] for i in range(0, len(t), BS)])
+                for t in prompts]
 
     async def sim_hits() -> list[int]:
         publisher = IndexPublisher(redis_url, f"pool-{policy}", "e0", "sim")

@@ -4,7 +4,8 @@
 64-token suffixes, 30% conversations of 3 turns) is split between two workers as
 ``cache_aware`` settles it (each prefix on the worker that first computed it, the first
 sightings alternating), and each worker's requests run one at a time, in arrival order, through the
-engine's own ``BlockPool`` of route-mesh's size (320 blocks less two prompts in flight).
+engine's own ``KVCacheManager`` and ``BlockPool`` of route-mesh's size (320 blocks less
+two prompts in flight).
 Prints, per policy, the prompt tokens computed against the oracle's and which blocks were
 computed again after their eviction: those of the shared prefixes or the rest (suffixes,
 conversation turns). Ignores timing (requests in flight together, the order arrivals take
@@ -20,10 +21,11 @@ from dataclasses import replace
 
 from pdmesh.bench.routing.mesh_command import TRAFFIC
 from pdmesh.bench.routing.traffic import Job, Traffic, build_traffic
-from pdmesh.bench.routing.workers import through_block_pool
+from pdmesh.bench.routing.workers import through_engine_cache
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.eviction import EvictionPolicy
+from pdmesh.kv.kv_cache_manager import KVCacheManager
 
 BS = 16
 TURN_GAP = 20
@@ -52,7 +54,7 @@ def arrival_order(traffic: Traffic) -> list[Job]:
 def run(traffic: Traffic, policy: EvictionPolicy, pool_blocks: int) -> tuple[int, int, int]:
     """(tokens computed, prefix blocks computed again, other blocks computed again)."""
     hasher = BlockHasher(BS)
-    pools = [BlockPool(pool_blocks, eviction=policy) for _ in range(2)]
+    caches = [KVCacheManager(BlockPool(pool_blocks, eviction=policy), hasher) for _ in range(2)]
     home: dict[bytes, int] = {}
     seen: set[bytes] = set()
     computed = again_prefix = again_other = 0
@@ -60,9 +62,8 @@ def run(traffic: Traffic, policy: EvictionPolicy, pool_blocks: int) -> tuple[int
     for job in arrival_order(traffic):
         tokens = job.tokens
         hashes = hasher.hash_tokens(tokens)
-        chunks = [tokens[i:i + BS] for i in range(0, len(hashes) * BS, BS)]
-        pool = pools[home.setdefault(hashes[0], len(home) % 2)]
-        hits = through_block_pool(pool, hashes, chunks)
+        kv = caches[home.setdefault(hashes[0], len(home) % 2)]
+        hits = through_engine_cache(kv, str(job.index), tokens)
         for i in range(hits, len(hashes)):
             if hashes[i] in seen:
                 again_prefix += i < prefix_blocks

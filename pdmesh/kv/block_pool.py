@@ -69,9 +69,9 @@ class BlockPool:
         evicted: list[BlockHash] = []
         for _ in range(n):
             block = self.free.popleft()
-            self.free.evicted(block, block.block_hash)
             if block.block_hash is not None:
                 evicted.append(block.block_hash)
+                self.free.evicted(block)
                 self._uncache(block)
             block.ref_cnt = 1
             out.append(block)
@@ -137,7 +137,7 @@ class BlockPool:
                 continue
             if not stored:
                 first_parent = hashes[i - 1] if i else parent
-            if block.ref_cnt > 0 and self.free.computed_again(block_hash):
+            if self.free.computed_again(block_hash):
                 self.free.mark_reused(block)
             block.block_hash = block_hash
             block.token_ids = tuple(toks)

@@ -105,11 +105,12 @@ class FreeBlocks:
         if self.policy == "reuse":
             block.reused = True
 
-    def evicted(self, block: KVBlock, block_hash: BlockHash | None) -> None:
-        """``block`` (just taken by ``popleft``) is being given new content."""
+    def evicted(self, block: KVBlock) -> None:
+        """``block``, cached and just taken by ``popleft``, is about to lose its content:
+        remember its hash, forget its reuse (only a cached block can have proved reusable)."""
+        if block.block_hash is not None:
+            self.recently_evicted.add(block.block_hash)
         block.reused = False
-        if block_hash is not None:
-            self.recently_evicted.add(block_hash)
 
     def computed_again(self, block_hash: BlockHash) -> bool:
         """Whether a block now cached under ``block_hash`` had been evicted recently."""

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from pdmesh.bench.routing.traffic import Job
 from pdmesh.index.publisher import IndexPublisher
-from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
 from pdmesh.kv.eviction import EvictionPolicy, RecentlyEvicted
+from pdmesh.kv.kv_cache_manager import KVCacheManager
+from pdmesh.request import Sequence
+from pdmesh.sampling_params import SamplingParams
 from services.router.registry import WorkerHandle
 
 
@@ -32,24 +34,19 @@ class Served:
     done: float = 0.0
 
 
-def through_block_pool(pool: BlockPool, hashes: list[bytes], chunks: list[list[int]]) -> int:
-    """One request's full blocks through the engine's ``BlockPool`` with nothing else in
-    flight, in ``KVCacheManager``'s order (leading hits held, the rest allocated and
-    cached, all freed tail first); returns the hits. What ``SimPool.store`` models, and
-    what ``scripts/prefix_eviction_model.py`` replays traffic with."""
-    found = []
-    for h, chunk in zip(hashes, chunks, strict=True):
-        block = pool.lookup(h, chunk)
-        if block is None:
-            break
-        found.append(block)
-    pool.touch(found, reuse=True)
-    new = pool.get_new_blocks(len(hashes) - len(found))
-    if new is None:
-        raise ValueError(f"a pool of {pool.num_blocks} blocks cannot hold {len(hashes)} more")
-    pool.cache_blocks(new, hashes[len(found):], chunks[len(found):], hashes[len(found) - 1] if found else None)
-    pool.free_blocks(reversed(found + new))
-    return len(found)
+def through_engine_cache(kv: KVCacheManager, request_id: str, tokens: list[int]) -> int:
+    """One prompt through the engine's own ``KVCacheManager`` with nothing else in flight,
+    as a prefill takes it: its cached prefix held, blocks allocated for the rest, all
+    registered once computed, then freed tail first; returns the blocks found cached. What
+    ``SimPool.store`` models, and what ``scripts/prefix_eviction_model.py`` replays."""
+    seq = Sequence(request_id, request_id, 0, SamplingParams(), len(tokens), list(tokens), 0.0)
+    hits = kv.get_computed_blocks(seq)
+    if not kv.allocate_slots(seq, len(tokens) - len(hits) * kv.block_size, hits):
+        raise ValueError(f"{kv.pool.num_blocks} blocks cannot hold a {len(tokens)}-token prompt")
+    seq.num_computed_tokens = len(tokens)
+    kv.cache_blocks(seq)
+    kv.free(seq)
+    return len(hits)
 
 
 class SimPool:

@@ -116,16 +116,17 @@ def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url
 
 @pytest.mark.parametrize("policy", ["reuse", "lru"])
 def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str, policy: str) -> None:
-    """The same requests one at a time through the engine's ``BlockPool`` and the
+    """The same requests one at a time through the engine's ``KVCacheManager`` and the
     simulator's ``SimPool`` of the same size find the same prefix hits, request by request,
     under cache pressure (a pool of 3 prefixes' worth for 6 Zipf-popular ones)."""
     import asyncio
     import random
 
-    from pdmesh.bench.routing.workers import SimPool, through_block_pool
+    from pdmesh.bench.routing.workers import SimPool, through_engine_cache
     from pdmesh.index.publisher import IndexPublisher
     from pdmesh.kv.block_hash import BlockHasher
     from pdmesh.kv.block_pool import BlockPool
+    from pdmesh.kv.kv_cache_manager import KVCacheManager
 
     hasher, rng, size = BlockHasher(BS), random.Random(5), 3 * 8 + 6
     prefixes = [[rng.randrange(10, 1000) for _ in range(8 * BS)] for _ in range(6)]
@@ -134,9 +135,8 @@ def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str
                for _ in range(300)]
 
     def engine_hits() -> list[int]:
-        pool = BlockPool(size, eviction=policy)  # type: ignore[arg-type]
-        return [through_block_pool(pool, hasher.hash_tokens(t), [t[i:i + BS] for i in range(0, len(t), BS)])
-                for t in prompts]
+        kv = KVCacheManager(BlockPool(size, eviction=policy), hasher)  # type: ignore[arg-type]
+        return [through_engine_cache(kv, f"r{i}", tokens) for i, tokens in enumerate(prompts)]
 
     async def sim_hits() -> list[int]:
         publisher = IndexPublisher(redis_url, f"pool-{policy}", "e0", "sim")

@@ -19,6 +19,7 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
 
     from pdmesh.index import keys
     from pdmesh.index.lookup import PrefixIndex
+    from pdmesh.index.update import UPDATE, IndexUpdate
     from pdmesh.kv.block_hash import BlockHasher
 
     n_blocks = 20_000 if args.quick else 1_000_000
@@ -29,16 +30,15 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
         r = redis.Redis(port=mesh.redis_port)
         hasher = BlockHasher(16)
         chains = []
-        pipe = r.pipeline(transaction=False)
+        updates = [IndexUpdate(keys.member(f"prefill-{w}", "e0")) for w in range(4)]
         for c in range(n_blocks // chain):
             hashes = hasher.hash_tokens([c] * 16 + list(range(16 * chain - 16)))
             chains.append(hashes)
-            member = keys.member(f"prefill-{c % 4}", "e0")
-            for h in hashes:
-                pipe.sadd(keys.block_key(h), member)
-            if c % 50 == 0:
-                pipe.execute()
-        pipe.execute()
+            updates[c % 4].add(hashes)
+        script = r.register_script(UPDATE)
+        for update in updates:
+            for call in update.calls(batch=1):
+                script(args=call)
         index = PrefixIndex(mesh.redis_url, timeout=2.0)
 
         async def lookups() -> list[float]:

@@ -1,6 +1,7 @@
 """Redis key layout of the prefix index (one place, so publisher and lookup agree).
 
-- ``pdmesh:blk:{hash}``       SET of members ``{worker_id}|{epoch}`` holding that block
+- ``pdmesh:blk:{hash}``       HASH: a field per member ``{worker_id}|{epoch}`` holding that
+                              block, and ``#``: the fingerprint of those members (``update.py``)
 - ``pdmesh:wblocks:{member}`` SET of block hashes a member published (for resync)
 - ``pdmesh:seq:{member}``     last applied event batch number
 - ``pdmesh:hb:{worker_id}``   heartbeat (JSON: epoch, address, seq, unix ms), expires
@@ -10,7 +11,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "pdmesh"
+FINGERPRINT_FIELD = "#"
+"""The block hash's field holding its members' fingerprint (no member is named ``#``:
+members contain ``|``)."""
 
 
 def block_key(block_hash: bytes) -> str:
@@ -19,6 +25,11 @@ def block_key(block_hash: bytes) -> str:
 
 def member(worker_id: str, epoch: str) -> str:
     return f"{worker_id}|{epoch}"
+
+
+def member_fingerprint(member_id: str) -> str:
+    """64 bits as 16 hex digits; a block's fingerprint is the XOR of its members'."""
+    return hashlib.blake2b(member_id.encode(), digest_size=8).hexdigest()
 
 
 def split_member(value: str) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """Worker side: push block-stored / block-removed events into Redis, in numbered batches.
 
-Events are drained from the engine's block pool and applied in one MULTI/EXEC pipeline,
-at most every ``interval``; given a ``wake`` event (set when the pool records its first
+Events are drained from the engine's block pool and applied by one script call
+(``update.py``), at most every ``interval``; given a ``wake`` event (set when the pool records its first
 new event), an idle publisher sleeps until then or its next heartbeat instead of waking
 every ``interval`` (50 times a second on an idle prefill worker; every process's
 wake-ups slow the prefills beside it: docs/performance.md section 14).
@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pdmesh.index import keys
+from pdmesh.index.update import UPDATE, IndexUpdate
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class IndexPublisher:
         self.batch = 0
         self.synced = False
         self.failures = 0
+        self._update = self.redis.register_script(UPDATE)
 
     async def run(self, take_events: Callable[[], list[KVEvent]],
                   cached_hashes: Callable[[], list[bytes]], wake: asyncio.Event | None = None) -> None:
@@ -76,40 +78,27 @@ class IndexPublisher:
                     await asyncio.wait_for(wake.wait(), max(0.0, last_beat + HEARTBEAT_S - time.monotonic()))
 
     async def apply(self, events: list[KVEvent]) -> None:
-        self.batch += 1
-        pipe = self.redis.pipeline(transaction=True)
-        wkey = keys.worker_blocks_key(self.member)
+        update = IndexUpdate(self.member)
         for event in events:
             if isinstance(event, BlockStored):
-                for h in event.block_hashes:
-                    pipe.sadd(keys.block_key(h), self.member)
-                pipe.sadd(wkey, *[h.hex() for h in event.block_hashes])
+                update.add(event.block_hashes)
             elif isinstance(event, BlockRemoved):
-                for h in event.block_hashes:
-                    pipe.srem(keys.block_key(h), self.member)
-                pipe.srem(wkey, *[h.hex() for h in event.block_hashes])
+                update.remove(event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
-                await self._clear(pipe)
-        pipe.set(keys.seq_key(self.member), self.batch)
-        await pipe.execute()
+                update.clear()
+        await self._send(update)
 
-    async def _clear(self, pipe) -> None:  # type: ignore[no-untyped-def]
-        wkey = keys.worker_blocks_key(self.member)
-        for hexed in await self.redis.smembers(wkey):
-            pipe.srem(f"{keys.PREFIX}:blk:{hexed.decode()}", self.member)
-        pipe.delete(wkey)
+    async def _send(self, update: IndexUpdate) -> None:
+        self.batch += 1
+        for args in update.calls(self.batch):
+            await self._update(args=args)
 
     async def snapshot(self, cached: list[bytes]) -> None:
         """Replace everything this worker published with its current prefix cache."""
-        self.batch += 1
-        pipe = self.redis.pipeline(transaction=True)
-        await self._clear(pipe)
-        for h in cached:
-            pipe.sadd(keys.block_key(h), self.member)
-        if cached:
-            pipe.sadd(keys.worker_blocks_key(self.member), *[h.hex() for h in cached])
-        pipe.set(keys.seq_key(self.member), self.batch)
-        await pipe.execute()
+        update = IndexUpdate(self.member)
+        update.clear()
+        update.add(cached)
+        await self._send(update)
         self.synced = True
         if self.failures:
             log.info("prefix index resynced with %d blocks", len(cached))

@@ -155,7 +155,9 @@ class RouterCore:
     async def route_prefill(self, ids: list[int], hashes: list[BlockHash], exclude: set[str],
                             ctx: Any = None) -> tuple[Decision | None, IndexSeen]:
         """The prefill worker (None: no candidate) and what the index said of the prompt."""
-        candidates = [w for w in self.workers.healthy("prefill") if w.worker_id not in exclude]
+        candidates = self.workers.healthy("prefill")
+        if exclude:  # a retry after a failure: rare, and a pass over the workers
+            candidates = [w for w in candidates if w.worker_id not in exclude]
         if not candidates:
             return None, IndexSeen()
         key = hashes[0] if hashes else bytes(str(ids[: self.cfg.block_size]), "ascii")

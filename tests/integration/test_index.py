@@ -108,7 +108,9 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         for wid, epoch, n in (("p0", "e1", 6), ("p0", "old", 9), ("p1", "old", 5), ("p2", "e1", 4),
                               ("kvstore-0", "k1", 7), ("kvstore-0", "k0", 3)):
             await IndexPublisher(redis_url, wid, epoch, f"x:{wid}").apply([BlockStored(tuple(CHAIN[:n]), None)])
-        router = PrefillRouter(build_policy("cache_aware", RouterConfig(model="m")), PrefixIndex(redis_url), 16)
+        now = [0.0]
+        router = PrefillRouter(build_policy("cache_aware", RouterConfig(model="m")), PrefixIndex(redis_url), 16,
+                               clock=lambda: now[0])
         p0, p1, p2, p3 = handle("p0", "e1"), handle("p1", "e1"), handle("p2", "e1"), handle("p3", "e1")
         seen = await router.matched(CHAIN, [p0, p1, p3])
         # p1 restarted (its entries are of an older epoch); p2 is not a candidate.
@@ -121,6 +123,17 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         assert seen.matched == {"p0": 6, "p3": 8} and set(seen.holders) == {p0, p3}
         seen = await router.matched(CHAIN, [p0, p2, p3])  # p2 became a candidate
         assert seen.matched == {"p0": 6, "p2": 4, "p3": 8} and set(seen.holders) == {p0, p2, p3}
+        # A candidate known by its address until its first Info names it is found once
+        # named, in the same list, within the map's rebuild interval; holders come in the
+        # candidates' order.
+        p4 = WorkerHandle("addr-p4", "prefill", healthy=True)
+        await IndexPublisher(redis_url, "p4", "e1", "x:p4").apply([BlockStored(tuple(CHAIN[:2]), None)])
+        candidates = [p4, p2, p0]
+        assert (await router.matched(CHAIN, candidates)).matched == {"p0": 6, "p2": 4}
+        p4.info = WorkerInfo(worker_id="p4", role="prefill", epoch="e1")
+        now[0] += router.by_id.miss_rebuild_s
+        seen = await router.matched(CHAIN, candidates)
+        assert seen.matched == {"p4": 2, "p2": 4, "p0": 6} and seen.holders == [p4, p2, p0]
         # A decision records the prompt's routing key: the next one with it recurs.
         assert not router.recent.recurs(b"fresh")
         await router.choose(CHAIN, b"key", 256, [p0, p1, p3])
@@ -172,5 +185,60 @@ def test_a_publisher_with_a_wake_event_publishes_on_it_and_otherwise_only_beats(
                     t.cancel()
         assert polling >= 5, polling  # ~30 passes on an idle machine
         assert idle <= 3, idle  # the first pass, and a heartbeat's
+
+    asyncio.run(main())
+
+
+def test_longest_prefix_agrees_with_a_walk_in_python_on_random_holdings(redis_url: str) -> None:
+    """Holdings with gaps (a block evicted from the middle of a worker's chain, a worker
+    holding a later block but not the first) and many workers sharing a prefix, changed by
+    snapshots and by events: each member's answer is the blocks before the first one it
+    lacks, and each block's fingerprint is the XOR of its members' (the walk's shortcut)."""
+    import random
+
+    import redis as sync_redis
+
+    from pdmesh.index import keys
+
+    rng = random.Random(7)
+    r = sync_redis.Redis.from_url(redis_url)
+
+    def fingerprint(members: set[str]) -> int:
+        out = 0
+        for m in members:
+            out ^= int(keys.member_fingerprint(m), 16)
+        return out
+
+    async def main() -> None:
+        index = PrefixIndex(redis_url)
+        members = [f"w{m}" for m in range(12)]
+        pubs = {m: IndexPublisher(redis_url, m, "e1", f"x:{m}") for m in members}
+        for trial in range(30):
+            chain = BlockHasher(16).hash_tokens([trial] * 16 * 12)
+            held = {m: {i for i in range(12) if rng.random() < 0.9} for m in members}
+            for m, blocks in held.items():
+                await pubs[m].snapshot([chain[i] for i in sorted(blocks)])
+            for _ in range(3):  # then events: a few blocks evicted and stored again per member
+                for m, blocks in held.items():
+                    gone = {i for i in blocks if rng.random() < 0.1}
+                    back = {i for i in range(12) if i not in blocks and rng.random() < 0.3}
+                    await pubs[m].apply([BlockRemoved(tuple(chain[i] for i in sorted(gone))),
+                                         BlockStored(tuple(chain[i] for i in sorted(back)), None)])
+                    held[m] = (blocks - gone) | back
+                expected = {}
+                for m, blocks in held.items():
+                    depth = next(i for i in range(13) if i not in blocks)
+                    if depth:
+                        expected[(m, "e1")] = depth
+                assert await index.longest_prefix(chain) == expected, trial
+                for i, h in enumerate(chain):
+                    holders = {keys.member(m, "e1") for m, blocks in held.items() if i in blocks}
+                    stored = r.hgetall(keys.block_key(h))
+                    if not holders:
+                        assert not stored
+                        continue
+                    assert {f.decode() for f in stored} == holders | {keys.FINGERPRINT_FIELD}
+                    assert int(stored[keys.FINGERPRINT_FIELD.encode()], 16) == fingerprint(holders)
+        await index.close()
 
     asyncio.run(main())

@@ -168,22 +168,26 @@ class CandidateMap:
         self.miss_rebuild_s = miss_rebuild_s
         self.clock = clock
         self._members: list[WorkerHandle] = []
-        self._by_id: dict[str, tuple[int, WorkerHandle]] = {}
+        self._by_id: dict[str, list[tuple[int, WorkerHandle]]] = {}
+        """Several handles can bear one id: a seed address that is a proxy, and the
+        worker's own address learnt from the membership."""
         self._built_at = float("-inf")
 
     def _rebuild(self, candidates: list[WorkerHandle]) -> None:
         self._members = list(candidates)
-        self._by_id = {w.worker_id: (i, w) for i, w in enumerate(candidates)}
+        self._by_id = {}
+        for i, w in enumerate(candidates):
+            self._by_id.setdefault(w.worker_id, []).append((i, w))
         self._built_at = self.clock()
 
-    def _find(self, candidates: list[WorkerHandle], wid: str) -> tuple[int, WorkerHandle] | None:
-        place = self._by_id.get(wid)
-        if place is not None and place[1].worker_id == wid:
-            return place
+    def _find(self, candidates: list[WorkerHandle], wid: str) -> list[tuple[int, WorkerHandle]]:
+        places = self._by_id.get(wid, [])
+        if places and all(w.worker_id == wid for _, w in places):
+            return places
         if self.clock() - self._built_at >= self.miss_rebuild_s:
             self._rebuild(candidates)
-            place = self._by_id.get(wid)
-        return place if place is not None and place[1].worker_id == wid else None
+            places = self._by_id.get(wid, [])
+        return [(i, w) for i, w in places if w.worker_id == wid]
 
     def holding(self, candidates: list[WorkerHandle], indexed: dict[str, dict[str, int]],
                 recent: dict[str, int]) -> dict[WorkerHandle, int]:
@@ -195,13 +199,10 @@ class CandidateMap:
             self._rebuild(candidates)
         found: list[tuple[int, WorkerHandle, int]] = []
         for wid in indexed.keys() | recent.keys():
-            place = self._find(candidates, wid)
-            if place is None:
-                continue
-            i, w = place
-            n = indexed.get(wid, {}).get(w.info.epoch, 0) if w.info is not None else 0
-            n = max(n, recent.get(wid, 0))
-            if n:
-                found.append((i, w, n))
+            for i, w in self._find(candidates, wid):
+                n = indexed.get(wid, {}).get(w.info.epoch, 0) if w.info is not None else 0
+                n = max(n, recent.get(wid, 0))
+                if n:
+                    found.append((i, w, n))
         found.sort(key=lambda f: f[0])
         return {w: n for _, w, n in found}

@@ -134,6 +134,11 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         now[0] += router.by_id.miss_rebuild_s
         seen = await router.matched(CHAIN, candidates)
         assert seen.matched == {"p4": 2, "p2": 4, "p0": 6} and seen.holders == [p4, p2, p0]
+        # Two handles may bear one id (a seed address that is a proxy, and the address the
+        # membership gave): both hold what the id holds.
+        twin = handle("p0", "e1")
+        seen = await router.matched(CHAIN, [p0, p1, twin])
+        assert seen.matched == {"p0": 6} and seen.holders == [p0, twin]
         # A decision records the prompt's routing key: the next one with it recurs.
         assert not router.recent.recurs(b"fresh")
         await router.choose(CHAIN, b"key", 256, [p0, p1, p3])

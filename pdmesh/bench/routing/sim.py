@@ -16,7 +16,6 @@ Time is virtual, so 1,000 workers run on a laptop; decision latency is wall-cloc
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import random
@@ -33,6 +32,7 @@ from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.events import BlockStored
 from pdmesh.mesh_types import WorkerInfo
+from pdmesh.rpc.process import run_service_loop
 from services.router.config import RouterConfig
 from services.router.policies import build_policy
 from services.router.prefill_routing import PrefillRouter
@@ -231,4 +231,6 @@ class Simulation:
 
 
 def simulate(policy: str, traffic: Traffic, spec: SimSpec, redis_url: str) -> SimResult:
-    return asyncio.run(Simulation(policy, traffic, spec, redis_url).run())
+    # On the router's own event loop (uvloop unless PDMESH_EVENT_LOOP says otherwise):
+    # the decisions' latency is the router's.
+    return run_service_loop(Simulation(policy, traffic, spec, redis_url).run())

@@ -1,7 +1,11 @@
 """Redis key layout of the prefix index (one place, so publisher and lookup agree).
 
-- ``pdmesh:blk:{hash}``       HASH: a field per member ``{worker_id}|{epoch}`` holding that
-                              block, and ``#``: the fingerprint of those members (``update.py``)
+- ``pdmesh:holders:{hash}``   HASH: a field per member ``{worker_id}|{epoch}`` holding that
+                              block, and ``#``: the fingerprint of those members (``update.py``).
+                              Until 2026-11-26 a SET under ``pdmesh:blk:{hash}``: the new
+                              name keeps a Redis that outlives an upgrade from serving one
+                              layout to the other's commands (WRONGTYPE); the old keys go as
+                              the workers that wrote them clear them, or with the Redis.
 - ``pdmesh:wblocks:{member}`` SET of block hashes a member published (for resync)
 - ``pdmesh:seq:{member}``     last applied event batch number
 - ``pdmesh:hb:{worker_id}``   heartbeat (JSON: epoch, address, seq, unix ms), expires
@@ -20,7 +24,11 @@ members contain ``|``)."""
 
 
 def block_key(block_hash: bytes) -> str:
-    return f"{PREFIX}:blk:{block_hash.hex()}"
+    return f"{PREFIX}:holders:{block_hash.hex()}"
+
+
+BLOCK_KEYS = f"{PREFIX}:holders:*"
+"""The pattern of every block's key (for counting them; never scanned on a request's path)."""
 
 
 def member(worker_id: str, epoch: str) -> str:

@@ -51,6 +51,7 @@ for i = 7, #ARGV do
     remove(h)
   else
     for _, held in ipairs(call('SMEMBERS', wkey)) do remove(held) end
+    call('DEL', wkey)
   end
 end
 call('SET', seqkey, batch)

@@ -155,17 +155,15 @@ def select_members(groups: list[tuple[int, list[str]]], limit: int,
 
 
 class CandidateMap:
-    """Worker id -> handle over the latest candidate list, so that finding a prompt's
+    """Worker id -> handles over the latest candidate list, so that finding a prompt's
     holders costs a lookup per holder instead of a pass over every candidate (~85 us at
     1,000 workers, a fifth of a decision's Python). Rebuilt when the list's members change
-    (telling costs one identity comparison of two lists, a few us at 1,000), and when an
-    id is not found, at most once a ``miss_rebuild_s``: a handle's id changes when an
-    ``Info`` names it (its address until the first), while an index member that is not a
-    candidate (down, refused, another epoch's) is missed by every decision and must not
-    cost each a rebuild."""
+    (telling costs one identity comparison of two lists, a few us at 1,000) and at least
+    every ``refresh_s``: a handle's id changes when an ``Info`` names it (its address until
+    the first), which the list does not show."""
 
-    def __init__(self, miss_rebuild_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.miss_rebuild_s = miss_rebuild_s
+    def __init__(self, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_s = refresh_s
         self.clock = clock
         self._members: list[WorkerHandle] = []
         self._by_id: dict[str, list[tuple[int, WorkerHandle]]] = {}
@@ -173,33 +171,24 @@ class CandidateMap:
         worker's own address learnt from the membership."""
         self._built_at = float("-inf")
 
-    def _rebuild(self, candidates: list[WorkerHandle]) -> None:
-        self._members = list(candidates)
-        self._by_id = {}
-        for i, w in enumerate(candidates):
-            self._by_id.setdefault(w.worker_id, []).append((i, w))
-        self._built_at = self.clock()
-
-    def _find(self, candidates: list[WorkerHandle], wid: str) -> list[tuple[int, WorkerHandle]]:
-        places = self._by_id.get(wid, [])
-        if places and all(w.worker_id == wid for _, w in places):
-            return places
-        if self.clock() - self._built_at >= self.miss_rebuild_s:
-            self._rebuild(candidates)
-            places = self._by_id.get(wid, [])
-        return [(i, w) for i, w in places if w.worker_id == wid]
-
     def holding(self, candidates: list[WorkerHandle], indexed: dict[str, dict[str, int]],
                 recent: dict[str, int]) -> dict[WorkerHandle, int]:
         """The candidates holding leading blocks of the prompt, and how many, in the
         candidates' order: the index's count (``indexed``: worker id -> {epoch: blocks}),
         which counts only under the worker's current epoch (a restarted worker lost its
         cache), or the router's recent routes to it, whichever is more."""
-        if candidates != self._members:  # by identity: WorkerHandle has no __eq__
-            self._rebuild(candidates)
+        now = self.clock()
+        if candidates != self._members or now - self._built_at >= self.refresh_s:  # by identity
+            self._members = list(candidates)
+            self._by_id = {}
+            for i, w in enumerate(candidates):
+                self._by_id.setdefault(w.worker_id, []).append((i, w))
+            self._built_at = now
         found: list[tuple[int, WorkerHandle, int]] = []
         for wid in indexed.keys() | recent.keys():
-            for i, w in self._find(candidates, wid):
+            for i, w in self._by_id.get(wid, ()):
+                if w.worker_id != wid:  # named otherwise since the map was built
+                    continue
                 n = indexed.get(wid, {}).get(w.info.epoch, 0) if w.info is not None else 0
                 n = max(n, recent.get(wid, 0))
                 if n:

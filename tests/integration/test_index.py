@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
@@ -57,6 +58,11 @@ def test_snapshot_replaces_what_a_worker_published(redis_url: str) -> None:
         await pub.snapshot(CHAIN[:2])  # after an outage: only what it holds now
         index = PrefixIndex(redis_url)
         assert await index.longest_prefix(CHAIN) == {("p0", "e1"): 2}
+        published = keys.worker_blocks_key(keys.member("p0", "e1"))
+        assert await index.redis.smembers(published) == {h.hex().encode() for h in CHAIN[:2]}
+        await pub.apply([AllBlocksCleared()])
+        assert not await index.redis.exists(published)
+        assert not await index.redis.keys(keys.BLOCK_KEYS)
         await index.close()
 
     asyncio.run(main())
@@ -124,14 +130,14 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
         seen = await router.matched(CHAIN, [p0, p2, p3])  # p2 became a candidate
         assert seen.matched == {"p0": 6, "p2": 4, "p3": 8} and set(seen.holders) == {p0, p2, p3}
         # A candidate known by its address until its first Info names it is found once
-        # named, in the same list, within the map's rebuild interval; holders come in the
+        # named, in the same list, within the map's refresh interval; holders come in the
         # candidates' order.
         p4 = WorkerHandle("addr-p4", "prefill", healthy=True)
         await IndexPublisher(redis_url, "p4", "e1", "x:p4").apply([BlockStored(tuple(CHAIN[:2]), None)])
         candidates = [p4, p2, p0]
         assert (await router.matched(CHAIN, candidates)).matched == {"p0": 6, "p2": 4}
         p4.info = WorkerInfo(worker_id="p4", role="prefill", epoch="e1")
-        now[0] += router.by_id.miss_rebuild_s
+        now[0] += router.by_id.refresh_s
         seen = await router.matched(CHAIN, candidates)
         assert seen.matched == {"p4": 2, "p2": 4, "p0": 6} and seen.holders == [p4, p2, p0]
         # Two handles may bear one id (a seed address that is a proxy, and the address the
@@ -202,8 +208,6 @@ def test_longest_prefix_agrees_with_a_walk_in_python_on_random_holdings(redis_ur
     import random
 
     import redis as sync_redis
-
-    from pdmesh.index import keys
 
     rng = random.Random(7)
     r = sync_redis.Redis.from_url(redis_url)

@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 
 from pdmesh.bench.routing.traffic import Job, Traffic
 from pdmesh.bench.routing.workers import Served, SimPool, SimWorker
+from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
@@ -151,7 +152,7 @@ class Simulation:
         wall = time.perf_counter() - wall
         ops = (await self._redis_ops() - ops_before) / wall
         memory = (await client.info("memory"))["used_memory"] / 2**20
-        indexed = await client.eval("return #redis.call('KEYS', ARGV[1])", 0, "pdmesh:blk:*")
+        indexed = await client.eval("return #redis.call('KEYS', ARGV[1])", 0, keys.BLOCK_KEYS)
         await client.aclose()
         await self.index.close()
         return SimResult(self.policy_name, spec.prefill_workers, spec.load, self.served,

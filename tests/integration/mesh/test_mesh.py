@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from pdmesh.client import Client
+from pdmesh.index import keys
 from pdmesh.launcher import Mesh
 from pdmesh.v1 import admin_pb2
 from tests.conftest import HFReference, mixed_prompts
@@ -144,9 +145,9 @@ def test_requests_survive_redis_going_away_and_the_index_refills(mesh: Mesh, cli
         mesh.start_redis(port)
     r = redis.Redis(port=port)
     deadline = time.monotonic() + 15
-    while not (r.keys("pdmesh:blk:*") and r.keys("pdmesh:hb:*")) and time.monotonic() < deadline:
+    while not (r.keys(keys.BLOCK_KEYS) and r.keys("pdmesh:hb:*")) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert r.keys("pdmesh:blk:*"), "the prefill workers did not republish their prefix caches"
+    assert r.keys(keys.BLOCK_KEYS), "the prefill workers did not republish their prefix caches"
     assert r.keys("pdmesh:hb:*"), "no heartbeats after Redis came back"
 
 

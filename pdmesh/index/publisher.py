@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pdmesh.index import keys
-from pdmesh.index.update import UPDATE, IndexUpdate
+from pdmesh.index.update import UPDATE, IndexUpdate, resumed
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,9 @@ class IndexPublisher:
     async def _send(self, update: IndexUpdate) -> None:
         self.batch += 1
         for args in update.calls(self.batch):
-            await self._update(args=args)
+            call: list[str | int] | None = args
+            while call is not None:
+                call = resumed(call, int(await self._update(args=call)))
 
     async def snapshot(self, cached: list[bytes]) -> None:
         """Replace everything this worker published with its current prefix cache."""

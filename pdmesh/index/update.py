@@ -19,6 +19,7 @@ from pdmesh.kv.block_hash import BlockHash
 
 UPDATE = """
 local prefix, member, mfp, wkey, seqkey, batch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local budget = tonumber(ARGV[7])
 local call, sub = redis.call, string.sub
 local function xor(a, b)
   return bit.tohex(bit.bxor(tonumber(sub(a, 1, 8), 16), tonumber(sub(b, 1, 8), 16)), 8)
@@ -43,27 +44,35 @@ local function remove(h)
     call('SREM', wkey, h)
   end
 end
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local op, h = sub(ARGV[i], 1, 1), sub(ARGV[i], 2)
   if op == '+' then
     add(h)
   elseif op == '-' then
     remove(h)
   else
-    for _, held in ipairs(call('SMEMBERS', wkey)) do remove(held) end
-    call('DEL', wkey)
+    for _, held in ipairs(call('SPOP', wkey, budget)) do remove(held) end
+    if call('SCARD', wkey) > 0 then
+      return i - 7
+    end
   end
 end
 call('SET', seqkey, batch)
 return 0
 """
 """ARGV: the block key prefix, the member, its fingerprint, its block set's key, its
-sequence key, the batch number, then operations in order: ``+hash`` adds, ``-hash``
-removes (hex), ``*`` removes everything the member published."""
+sequence key, the batch number, how many blocks a clear removes per call, then operations
+in order: ``+hash`` adds, ``-hash`` removes (hex), ``*`` removes everything the member
+published. Returns 0 when done, else the (1-based) operation to call again from: a clear
+of more blocks than the budget stops there."""
+
+HEAD = 7
+"""``UPDATE``'s arguments before the operations."""
 
 
-MAX_OPS = 20_000
-"""Block additions and removals per script call."""
+MAX_OPS = 5_000
+"""Block additions and removals per script call: Redis runs nothing else during one, and
+5,000 take it ~10 ms (a big snapshot or clear goes in several, lookups answered between)."""
 
 
 @dataclass
@@ -86,5 +95,10 @@ class IndexUpdate:
         """``UPDATE``'s arguments, one list per call of at most ``max_ops`` operations:
         each call is atomic, and none is larger than Redis takes (a big kvstore's snapshot)."""
         head: list[str | int] = [keys.block_key(b""), self.member, keys.member_fingerprint(self.member),
-                                 keys.worker_blocks_key(self.member), keys.seq_key(self.member), batch]
+                                 keys.worker_blocks_key(self.member), keys.seq_key(self.member), batch, max_ops]
         return [head + self.ops[i:i + max_ops] for i in range(0, max(1, len(self.ops)), max_ops)]
+
+
+def resumed(args: list[str | int], answer: int) -> list[str | int] | None:
+    """The call that goes on where ``UPDATE`` called with ``args`` stopped (None: done)."""
+    return args[:HEAD] + args[HEAD + answer - 1:] if answer else None

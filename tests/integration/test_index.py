@@ -251,3 +251,34 @@ def test_longest_prefix_agrees_with_a_walk_in_python_on_random_holdings(redis_ur
         await index.close()
 
     asyncio.run(main())
+
+
+def test_a_clear_larger_than_a_call_goes_in_several_and_leaves_nothing(redis_url: str) -> None:
+    """A clear removes at most ``max_ops`` blocks per script call and is called again where
+    it stopped; a block set entry whose block no longer lists the member goes too."""
+    import redis as sync_redis
+
+    from pdmesh.index.update import UPDATE, IndexUpdate, resumed
+
+    r = sync_redis.Redis.from_url(redis_url)
+    script = r.register_script(UPDATE)
+    member = keys.member("p0", "e1")
+    chain = BlockHasher(16).hash_tokens(list(range(16 * 25)))
+    add = IndexUpdate(member)
+    add.add(chain)
+    for call in add.calls(batch=1):
+        assert script(args=call) == 0
+    r.sadd(keys.worker_blocks_key(member), "ab" * 32)  # listed, never stored
+    clear = IndexUpdate(member)
+    clear.clear()
+    clear.add(chain[:3])
+    calls = 0
+    for args in clear.calls(batch=2, max_ops=4):
+        call = args
+        while call is not None:
+            call = resumed(call, script(args=call))
+            calls += 1
+    assert calls == 7  # 26 listed, 4 a call
+    assert {k.decode() for k in r.keys(keys.BLOCK_KEYS)} == {keys.block_key(h) for h in chain[:3]}
+    assert r.smembers(keys.worker_blocks_key(member)) == {h.hex().encode() for h in chain[:3]}
+    assert r.get(keys.seq_key(member)) == b"2"

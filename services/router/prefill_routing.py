@@ -62,6 +62,8 @@ class PrefillRouter:
         """Lookups that timed out (Redis slow, not down)."""
         self.last_lookup_s = 0.0
         """Wall seconds the latest index lookup took (the Redis trip and its script)."""
+        self.last_members = 0
+        """Index members the latest lookup named (before ``select_members``)."""
         self.by_id = CandidateMap(clock=clock)
         self.max_holders = max_holders
         """Index members a decision weighs as holders, deepest first (``select_members``)."""
@@ -107,6 +109,7 @@ class PrefillRouter:
             return IndexSeen()
         finally:
             self.last_lookup_s = time.perf_counter() - began
+        self.last_members = sum(len(members) for _, members in groups)
         found = select_members(groups, self.max_holders, self.rng)
         tier = 0
         indexed: dict[str, dict[str, int]] = {}
@@ -138,7 +141,8 @@ def select_members(groups: list[tuple[int, list[str]]], limit: int,
     ``limit`` others, deepest first, a random share of the group where the limit falls.
 
     A prefix every worker holds (a shared system prompt) lists them all; weighing each
-    costs the decision ~3 us of Python per member (1,000 holders: 3 ms), and among many
+    cost the decision 3.8 ms of Python at 1,000 holders (``scripts/route_decisions.py
+    --holders=1000`` before this), and among many
     holding the same depth a random few find one nearly as idle as the idlest of all
     (as ``CacheAwarePolicy`` samples the workers that hold nothing). Holders deeper than
     the rest always count."""
@@ -156,8 +160,8 @@ def select_members(groups: list[tuple[int, list[str]]], limit: int,
 
 class CandidateMap:
     """Worker id -> handles over the latest candidate list, so that finding a prompt's
-    holders costs a lookup per holder instead of a pass over every candidate (~85 us at
-    1,000 workers, a fifth of a decision's Python). Rebuilt when the list's members change
+    holders costs a lookup per holder instead of a pass over every candidate (5.5 us
+    against a pass's ~85 at 1,000 workers: ``scripts/route_decision_parts.py``). Rebuilt when the list's members change
     (telling costs one identity comparison of two lists, a few us at 1,000) and at least
     every ``refresh_s``: a handle's id changes when an ``Info`` names it (its address until
     the first), which the list does not show."""

@@ -194,8 +194,8 @@ class Simulation:
         took = time.perf_counter() - began
         self.decisions[decision.reason] += 1
         worker = self.workers[int(decision.worker.address.split(":")[1])]
-        served = Served(job, self.now, worker.index, decision.reason, took, self.router.last_lookup_s, hashes,
-                        work=max(0, len(job.tokens) - decision.cached_tokens))
+        served = Served(job, self.now, worker.index, decision.reason, took, self.router.last_lookup_s,
+                        self.router.last_members, hashes, work=max(0, len(job.tokens) - decision.cached_tokens))
         decision.worker.acquire(served.work, now=self.now)
         worker.queue.append(served)
         if worker.current is None:

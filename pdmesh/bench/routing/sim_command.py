@@ -86,7 +86,8 @@ def run_route_sim(args: argparse.Namespace) -> None:
         redis.stop_redis()
     print()
     print(report.table(rows))
-    extra_cols = ["lookup_p50_ms", "lookup_p99_ms", "redis_ops_per_s", "redis_memory_mb", "indexed_blocks", "reasons"]
+    extra_cols = ["lookup_p50_ms", "lookup_p99_ms", "lookup_members_p50", "lookup_members_p99", "redis_ops_per_s",
+                  "redis_memory_mb", "indexed_blocks", "reasons"]
     for r in rows:
         print(f"{r['policy']:<13} {r['workers']:>5} workers load {r['load']:.1f}: " +
               ", ".join(f"{k} {r[k]}" for k in extra_cols))
@@ -108,6 +109,8 @@ def _row(r: SimResult, spec: SimSpec) -> dict[str, Any]:
         sum(s.cached for s in r.served), sum(s.fetched for s in r.served), r.oracle_computed,
         per_worker, r.duration_s, spec.slo_s, [s.decision_s for s in r.served],
         lookup_p50_ms=round(1000 * pct(lookups, 0.5), 2), lookup_p99_ms=round(1000 * pct(lookups, 0.99), 2),
+        lookup_members_p50=pct([s.members for s in r.served], 0.5),
+        lookup_members_p99=pct([s.members for s in r.served], 0.99),
         redis_ops_per_s=round(r.redis_ops_per_s), redis_memory_mb=round(r.redis_memory_mb, 1),
         indexed_blocks=r.indexed_blocks, reasons=dict(r.decisions), wall_s=round(r.wall_s, 1),
         pool_blocks=r.pool_blocks)

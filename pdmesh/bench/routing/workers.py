@@ -25,6 +25,8 @@ class Served:
     decision_s: float
     lookup_s: float
     """Of ``decision_s``, the index lookup (a Redis round trip)."""
+    members: int = 0
+    """Index members the lookup named (a popular prefix: many workers)."""
     hashes: list[bytes] = field(default_factory=list, repr=False)
     work: int = 0
     """Tokens the router expected to compute (its queued-token accounting)."""

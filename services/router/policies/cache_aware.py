@@ -32,8 +32,8 @@ from services.router.registry import WorkerHandle
 
 
 class Estimate(NamedTuple):
-    """A tuple, not a frozen dataclass: a decision makes up to 34 and a frozen dataclass's
-    ``__init__`` cost 0.7 us each."""
+    """A tuple, not a frozen dataclass, whose ``__init__`` is several times slower: a
+    decision makes up to 64 of them."""
 
     worker: WorkerHandle
     seconds: float
@@ -91,7 +91,7 @@ class CacheAwarePolicy:
 
     def estimates(self, compared: list[WorkerHandle], ctx: RouteContext) -> list[Estimate]:
         """``ttft(w)`` for each worker compared (the module's formula); what depends only on
-        the prompt is worked out once, as a decision compares up to 34 workers."""
+        the prompt is worked out once, as a decision compares up to 64 workers."""
         assumed = self.assumed_cost(compared)
         prompt = max(ctx.num_tokens, len(ctx.hashes) * ctx.block_size)
         tier = min(prompt, ctx.kvstore_blocks * ctx.block_size)
@@ -116,8 +116,9 @@ class CacheAwarePolicy:
             # Among many workers that all lack the prompt, the fastest of a random sample
             # is nearly as good as the fastest of all ("power of d choices") and keeps a
             # decision cheap at 1,000 workers (docs/routing.md).
-            # Drawn with replacement, repeats dropped: a third the cost of random.sample
-            # at 1,000 workers, and a sample of 31 or 32 compares as well as one of 32.
+            # Drawn with replacement, repeats dropped: about a third of random.sample's
+            # cost (scripts/route_decision_parts.py), and a sample of 31 or 32 compares
+            # as well as one of 32.
             # Holders count toward the sample (a popular prefix has many), down to a
             # quarter of it drawn from the others, for a worker idler than every holder.
             k = max(self.sample // 4, self.sample - len(holders))

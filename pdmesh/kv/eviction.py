@@ -35,8 +35,8 @@ EvictionPolicy = Literal["reuse", "lru"]
 
 
 class RecentlyEvicted:
-    """The last ``capacity`` hashes evicted, oldest dropped first: how a pool (or the
-    routing simulator's model of one) tells a block computed again from a new one."""
+    """The last ``capacity`` hashes evicted, oldest dropped first: how a pool tells a
+    block computed again from a new one."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

@@ -5,8 +5,8 @@ lookup, epochs, recent routes), the ``WorkerHandle`` load and queued-token figur
 index protocol (``IndexPublisher`` events into, and ``PrefixIndex`` lookups from, a real
 Redis). What is modelled: each worker serves its queue in order, a request costing
 ``overhead_s + computed * s_per_token + fetched * s_per_token * fetch_ratio`` (costs
-measured on the real engine, ``costs.py``), and holds a pool of ``pool_blocks`` block
-hashes evicted as the engine's default evicts (``SimPool``, ``pdmesh/kv/eviction.py``); a
+measured on the real engine, ``costs.py``), and holds a prefix cache of ``pool_blocks``
+blocks that is the engine's own ``KVCacheManager`` and ``BlockPool`` (``EnginePool``); a
 shared kvstore tier of ``kvstore_blocks`` (LRU, as the kvstore) is optional. Workers report
 their queue to the router every ``info_interval_s`` like ``Info`` does, and publish a
 prompt's blocks when its prefill starts (a real worker publishes them chunk by chunk while
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import redis.asyncio as aioredis
 
 from pdmesh.bench.routing.traffic import Job, Traffic
-from pdmesh.bench.routing.workers import Served, SimPool, SimWorker
+from pdmesh.bench.routing.workers import LRUBlocks, Served, SimWorker
 from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
@@ -124,8 +124,8 @@ class Simulation:
         self.router = PrefillRouter(build_policy(self.policy_name, cfg), self.index, spec.block_size,
                                     clock=lambda: self.now)
         self.workers = [self._worker(i, client) for i in range(spec.prefill_workers)]
-        self.store = SimPool(spec.kvstore_blocks, IndexPublisher(
-            self.redis_url, "kvstore-0", "e0", "sim", client=client), "lru") if spec.kvstore_blocks else None
+        self.store = LRUBlocks(spec.kvstore_blocks, IndexPublisher(
+            self.redis_url, "kvstore-0", "e0", "sim", client=client)) if spec.kvstore_blocks else None
         if spec.preload_blocks:
             await self._preload()
         ops_before = await self._redis_ops()
@@ -166,7 +166,7 @@ class Simulation:
                                  prefill_us_per_token=self.spec.s_per_token * 1e6,
                                  kvstore_us_per_token=self.spec.s_per_token * self.spec.fetch_ratio * 1e6)
         publisher = IndexPublisher(self.redis_url, handle.worker_id, "e0", handle.address, client=client)
-        return SimWorker(i, self.pool_blocks, handle, publisher)
+        return SimWorker(i, self.pool_blocks, handle, publisher, self.hasher)
 
     async def _preload(self) -> None:
         for w in self.workers:
@@ -207,13 +207,12 @@ class Simulation:
             return
         s = w.current = w.queue.popleft()
         spec = self.spec
-        held = w.pool.held(s.hashes)
+        held = await w.pool.serve(str(s.job.index), s.job.tokens)
         s.cached = held * spec.block_size
         s.fetched = (self.store.held(s.hashes, held) if self.store else 0) * spec.block_size
         computed = len(s.job.tokens) - s.cached - s.fetched
         service = spec.overhead_s + computed * spec.s_per_token + s.fetched * spec.s_per_token * spec.fetch_ratio
         s.start = self.now
-        await w.pool.store(s.hashes)
         w.busy_s += service
         self._at(self.now + service, "done", s)
 

@@ -1,5 +1,6 @@
-"""A simulated prefill worker: a queue served in order and a pool of block hashes, evicted
-as the engine's are, that publishes what it gains and loses through the real ``IndexPublisher``."""
+"""A simulated prefill worker: a queue served in order and the engine's own prefix cache,
+which publishes what it gains and loses through the real ``IndexPublisher``; and the
+kvstore tier, an LRU pool of block hashes."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import dataclass, field
 
 from pdmesh.bench.routing.traffic import Job
 from pdmesh.index.publisher import IndexPublisher
+from pdmesh.kv.block_hash import BlockHasher
+from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
-from pdmesh.kv.eviction import EvictionPolicy, RecentlyEvicted
+from pdmesh.kv.eviction import EvictionPolicy
 from pdmesh.kv.kv_cache_manager import KVCacheManager
 from pdmesh.request import Sequence
 from pdmesh.sampling_params import SamplingParams
@@ -39,8 +42,9 @@ class Served:
 def through_engine_cache(kv: KVCacheManager, request_id: str, tokens: list[int]) -> int:
     """One prompt through the engine's own ``KVCacheManager`` with nothing else in flight,
     as a prefill takes it: its cached prefix held, blocks allocated for the rest, all
-    registered once computed, then freed tail first; returns the blocks found cached. What
-    ``SimPool.store`` models, and what ``scripts/prefix_eviction_model.py`` replays."""
+    registered once computed, then freed tail first; returns the blocks found cached. How
+    the routing simulator's prefill workers serve (``EnginePool``), and what
+    ``scripts/prefix_eviction_model.py`` replays."""
     seq = Sequence(request_id, request_id, 0, SamplingParams(), len(tokens), list(tokens), 0.0)
     hits = kv.get_computed_blocks(seq)
     if not kv.allocate_slots(seq, len(tokens) - len(hits) * kv.block_size, hits):
@@ -51,58 +55,61 @@ def through_engine_cache(kv: KVCacheManager, request_id: str, tokens: list[int])
     return len(hits)
 
 
-class SimPool:
-    """A pool of block hashes that evicts as the engine's ``BlockPool`` does under
-    ``policy`` (``pdmesh/kv/eviction.py``) and publishes what it gains and loses to the
-    index: a worker's prefix cache, or (``lru``) the kvstore tier."""
+class EnginePool:
+    """A simulated prefill worker's prefix cache: the engine's own ``KVCacheManager`` over
+    a ``BlockPool`` (its eviction order included, ``pdmesh/kv/eviction.py``), each served
+    prompt run through it as a prefill takes it (``through_engine_cache``), and the pool's
+    own events published to the index, so the simulator has no model of the cache to keep
+    in step with the engine's."""
 
-    def __init__(self, capacity: int, publisher: IndexPublisher, policy: EvictionPolicy = "reuse") -> None:
+    def __init__(self, capacity: int, publisher: IndexPublisher, hasher: BlockHasher,
+                 policy: EvictionPolicy = "reuse") -> None:
+        self.kv = KVCacheManager(BlockPool(capacity, eviction=policy), hasher)
+        self.publisher = publisher
+
+    def held(self, hashes: list[bytes]) -> int:
+        """Leading blocks of ``hashes`` in the prefix cache."""
+        cached, n = self.kv.pool.cached, 0
+        while n < len(hashes) and hashes[n] in cached:
+            n += 1
+        return n
+
+    async def serve(self, request_id: str, tokens: list[int]) -> int:
+        """One prompt prefilled here; returns the blocks it found cached."""
+        hits = through_engine_cache(self.kv, request_id, tokens)
+        events = self.kv.pool.take_events()
+        if events:
+            await self.publisher.apply(events)
+        return hits
+
+
+class LRUBlocks:
+    """The kvstore tier: block hashes evicted least recently used first, publishing what
+    it gains and loses to the index."""
+
+    def __init__(self, capacity: int, publisher: IndexPublisher) -> None:
         self.capacity = capacity
         self.publisher = publisher
-        self.policy = policy
-        self.once: OrderedDict[bytes, None] = OrderedDict()
-        self.reused: OrderedDict[bytes, None] = OrderedDict()
-        """Blocks a later request hit, or computed again after eviction: evicted after
-        every block in ``once``, least recently used first within each."""
-        self.recently_evicted = RecentlyEvicted(capacity if policy == "reuse" else 0)
-
-    def __contains__(self, block_hash: bytes) -> bool:
-        return block_hash in self.once or block_hash in self.reused
-
-    def __len__(self) -> int:
-        return len(self.once) + len(self.reused)
+        self.blocks: OrderedDict[bytes, None] = OrderedDict()
 
     def held(self, hashes: list[bytes], start: int = 0) -> int:
         """Leading blocks of ``hashes[start:]`` present."""
         n = start
-        while n < len(hashes) and hashes[n] in self:
+        while n < len(hashes) and hashes[n] in self.blocks:
             n += 1
         return n - start
 
     async def store(self, hashes: list[bytes]) -> None:
-        """A request's blocks, once it is served, in the engine's order: its leading hits
-        are held, blocks for the rest are taken (evicting from the head of ``once``, then of
-        ``reused``), and all are freed tail first, so a chain loses its last blocks before
-        the one all others follow (``KVCacheManager``). Publishes what was gained and lost."""
-        hits = set(hashes[: self.held(hashes)])
-        for h in hits:
-            (self.reused if h in self.reused else self.once).pop(h)
-        evicted = []
-        while self and len(self) + len(hashes) > self.capacity:
-            h = (self.once if self.once else self.reused).popitem(last=False)[0]
-            self.recently_evicted.add(h)
-            evicted.append(h)
-        new = [h for h in hashes[len(hits):] if h not in self]  # hits are out of the pool now
-        again = {h for h in new if self.recently_evicted.take(h)}
+        """Touch the blocks, evict beyond capacity, publish both. A prompt's tail is touched
+        first, so it is evicted before its head: a chain loses its last blocks, not the one
+        all others follow."""
+        new = [h for h in hashes if h not in self.blocks]
         for h in reversed(hashes):
-            if h in hits:
-                (self.reused if self.policy == "reuse" else self.once)[h] = None
-            elif h in again:
-                self.reused[h] = None
-            elif h in self.once or h in self.reused:
-                continue  # a block past the first miss that is cached already: the entry stays
-            else:
-                self.once[h] = None
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        evicted = []
+        while len(self.blocks) > self.capacity:
+            evicted.append(self.blocks.popitem(last=False)[0])
         events: list[KVEvent] = ([BlockRemoved(tuple(evicted))] if evicted else []) + (
             [BlockStored(tuple(new), None)] if new else [])
         if events:
@@ -110,10 +117,11 @@ class SimPool:
 
 
 class SimWorker:
-    def __init__(self, index: int, pool_blocks: int, handle: WorkerHandle, publisher: IndexPublisher) -> None:
+    def __init__(self, index: int, pool_blocks: int, handle: WorkerHandle, publisher: IndexPublisher,
+                 hasher: BlockHasher) -> None:
         self.index = index
         self.handle = handle
-        self.pool = SimPool(pool_blocks, publisher)
+        self.pool = EnginePool(pool_blocks, publisher, hasher)
         self.queue: deque[Served] = deque()
         self.current: Served | None = None
         self.busy_s = 0.0

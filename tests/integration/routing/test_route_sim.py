@@ -115,18 +115,17 @@ def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url
 
 
 @pytest.mark.parametrize("policy", ["reuse", "lru"])
-def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str, policy: str) -> None:
-    """The same requests one at a time through the engine's ``KVCacheManager`` and the
-    simulator's ``SimPool`` of the same size find the same prefix hits, request by request,
-    under cache pressure (a pool of 3 prefixes' worth for 6 Zipf-popular ones)."""
+def test_a_simulated_worker_caches_as_the_engine_and_publishes_what_it_holds(redis_url: str, policy: str) -> None:
+    """Under cache pressure (a pool of 3 prefixes' worth for 6 Zipf-popular ones), a
+    simulated worker's prompts find the hits the engine's own cache gives them (the last
+    token always computed), and the index lists for it exactly the blocks it holds."""
     import asyncio
     import random
 
-    from pdmesh.bench.routing.workers import SimPool, through_engine_cache
+    from pdmesh.bench.routing.workers import EnginePool
+    from pdmesh.index.lookup import PrefixIndex
     from pdmesh.index.publisher import IndexPublisher
     from pdmesh.kv.block_hash import BlockHasher
-    from pdmesh.kv.block_pool import BlockPool
-    from pdmesh.kv.kv_cache_manager import KVCacheManager
 
     hasher, rng, size = BlockHasher(BS), random.Random(5), 3 * 8 + 6
     prefixes = [[rng.randrange(10, 1000) for _ in range(8 * BS)] for _ in range(6)]
@@ -134,22 +133,23 @@ def test_the_simulated_pool_evicts_as_the_engines_block_pool_does(redis_url: str
                                                                               for _ in range(2 * BS)]
                for _ in range(300)]
 
-    def engine_hits() -> list[int]:
-        kv = KVCacheManager(BlockPool(size, eviction=policy), hasher)  # type: ignore[arg-type]
-        return [through_engine_cache(kv, f"r{i}", tokens) for i, tokens in enumerate(prompts)]
-
-    async def sim_hits() -> list[int]:
+    async def main() -> None:
         publisher = IndexPublisher(redis_url, f"pool-{policy}", "e0", "sim")
-        pool, hits = SimPool(size, publisher, policy), []  # type: ignore[arg-type]
+        pool, index = EnginePool(size, publisher, hasher, policy), PrefixIndex(redis_url)  # type: ignore[arg-type]
+        hits = misses = 0
         try:
-            for tokens in prompts:
+            for i, tokens in enumerate(prompts):
                 hashes = hasher.hash_tokens(tokens)
-                hits.append(pool.held(hashes))
-                await pool.store(hashes)
+                held = pool.held(hashes)
+                assert (await index.longest_prefix(hashes)).get((f"pool-{policy}", "e0"), 0) == held, i
+                found = await pool.serve(f"r{i}", tokens)
+                assert found == min(held, (len(tokens) - 1) // BS), i
+                hits += found
+                misses += held < 8
+            assert pool.kv.pool.stats().used == 0  # every request's blocks freed
         finally:
             await publisher.redis.aclose()
-        return hits
+            await index.close()
+        assert 0 < hits < 8 * len(prompts) and misses  # some hits, some prefixes not (or no longer) cached
 
-    engine = engine_hits()
-    assert engine == asyncio.run(sim_hits())
-    assert 0 < sum(engine) < 8 * len(prompts)  # some hits, some prefixes evicted
+    asyncio.run(main())

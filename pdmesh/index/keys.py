@@ -11,6 +11,9 @@
 - ``pdmesh:hb:{worker_id}``   heartbeat (JSON: epoch, address, seq, unix ms), expires
 - ``pdmesh:member:{role}:{worker_id}``  a live worker (JSON ``Member``), expires unless renewed
 - ``pdmesh:members``        SET of those member keys (readers find members without a SCAN)
+- ``pdmesh:index:log``      STREAM: every ``update.py`` call's operations, numbered by
+                            ``pdmesh:index:logseq``, kept ``LOG_RETAIN_MS`` (routers' mirrors)
+- ``pdmesh:publishers``     SET of the members holding any block (a mirror's snapshot)
 """
 
 from __future__ import annotations
@@ -64,3 +67,16 @@ keyspace that holds a key per indexed block (a million at 1,000 workers)."""
 
 def member_key(role: str, worker_id: str) -> str:
     return f"{PREFIX}:member:{role}:{worker_id}"
+
+
+LOG_KEY = f"{PREFIX}:index:log"
+"""Every index change in the order Redis applied it: what a router's ``IndexMirror`` tails."""
+LOG_SEQ_KEY = f"{PREFIX}:index:logseq"
+"""The log's entries are numbered 1, 2, ... so a reader tells a gap (entries trimmed before
+it read them) from a quiet index."""
+LOG_RETAIN_MS = 30_000
+"""How long the log keeps an entry: a mirror further behind than this starts over from a
+snapshot."""
+PUBLISHERS_KEY = f"{PREFIX}:publishers"
+"""The members that hold at least one block, so a snapshot reads their block sets instead
+of scanning a keyspace with a key per block."""

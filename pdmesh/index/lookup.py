@@ -104,8 +104,12 @@ class PrefixIndex:
 
     async def longest_prefix(self, hashes: Sequence[BlockHash]) -> dict[tuple[str, str], int]:
         """``{(worker_id, epoch): matched leading blocks}``; raises RedisError when unreachable."""
-        return {keys.split_member(m): depth for depth, members in await self.holders_by_depth(hashes)
-                for m in members}
+        return by_member(await self.holders_by_depth(hashes))
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+def by_member(groups: list[tuple[int, list[str]]]) -> dict[tuple[str, str], int]:
+    """``holders_by_depth``'s groups as ``{(worker_id, epoch): depth}``."""
+    return {keys.split_member(m): depth for depth, members in groups for m in members}

@@ -21,6 +21,7 @@ UPDATE = """
 local prefix, member, mfp, wkey, seqkey, batch = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local budget = tonumber(ARGV[7])
 local call, sub = redis.call, string.sub
+local log, logseq, publishers = '@LOG@', '@LOG_SEQ@', '@PUBLISHERS@'
 local function xor(a, b)
   return bit.tohex(bit.bxor(tonumber(sub(a, 1, 8), 16), tonumber(sub(b, 1, 8), 16)), 8)
       .. bit.tohex(bit.bxor(tonumber(sub(a, 9, 16), 16), tonumber(sub(b, 9, 16), 16)), 8)
@@ -44,6 +45,13 @@ local function remove(h)
     call('SREM', wkey, h)
   end
 end
+local function logged(last)
+  if last >= 8 then
+    local id = call('XADD', log, '*', 'm', member, 'n', call('INCR', logseq), 'o', table.concat(ARGV, ',', 8, last))
+    call('XTRIM', log, 'MINID', '~', tonumber(string.match(id, '^(%d+)')) - @RETAIN@)
+  end
+  if call('EXISTS', wkey) == 1 then call('SADD', publishers, member) else call('SREM', publishers, member) end
+end
 for i = 8, #ARGV do
   local op, h = sub(ARGV[i], 1, 1), sub(ARGV[i], 2)
   if op == '+' then
@@ -53,18 +61,27 @@ for i = 8, #ARGV do
   else
     for _, held in ipairs(call('SPOP', wkey, budget)) do remove(held) end
     if call('SCARD', wkey) > 0 then
+      logged(i)
       return i - 7
     end
   end
 end
+logged(#ARGV)
 call('SET', seqkey, batch)
 return 0
-"""
+""".replace("@LOG@", keys.LOG_KEY).replace("@LOG_SEQ@", keys.LOG_SEQ_KEY).replace(
+    "@PUBLISHERS@", keys.PUBLISHERS_KEY).replace("@RETAIN@", str(keys.LOG_RETAIN_MS))
 """ARGV: the block key prefix, the member, its fingerprint, its block set's key, its
 sequence key, the batch number, how many blocks a clear removes per call, then operations
 in order: ``+hash`` adds, ``-hash`` removes (hex), ``*`` removes everything the member
 published. Returns 0 when done, else the (1-based) operation to call again from: a clear
-of more blocks than the budget stops there."""
+of more blocks than the budget stops there.
+
+Each call also appends the operations it ran to ``keys.LOG_KEY``, numbered, in the same
+atomic step (a clear cut short is logged again by the call that goes on: clearing twice
+is clearing), so a router's mirror that read the index at some entry and applies every
+later one holds what Redis holds (``mirror.py``); and keeps the member in
+``keys.PUBLISHERS_KEY`` while it holds any block."""
 
 HEAD = 7
 """``UPDATE``'s arguments before the operations."""

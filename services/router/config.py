@@ -25,6 +25,10 @@ class RouterConfig(MeshContract, ServerConfig):
     """Decode worker addresses (host:port, comma-separated)."""
     redis_url: str = ""
     """The prefix index; empty = route by consistent hashing only."""
+    index_mirror: bool = True
+    """With redis_url: keep the prefix index in the router's memory, current from the
+    index's change log (pdmesh/index/mirror.py), so a decision asks no one; lookups go to
+    Redis while the mirror is not current. Off: every lookup asks Redis."""
     prefill_policy: Literal["cache_aware", "prefix_hash", "least_loaded", "round_robin"] = "cache_aware"
     """How to pick the prefill worker."""
     decode_policy: Literal["holder", "least_loaded", "round_robin"] = "holder"

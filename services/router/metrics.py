@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from pdmesh.index.mirror import MirroredIndex
+
 if TYPE_CHECKING:
     from services.router.core import RouterCore
 
@@ -40,6 +42,18 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
         ("counter", "pdmesh_requests_refused", "Requests refused at capacity (RESOURCE_EXHAUSTED)",
          core.admission.refused, {}),
     ]
+    if isinstance(core.index, MirroredIndex):
+        for source, n in list(core.index.lookups.items()):
+            out.append(("counter", "pdmesh_index_lookups", "Index lookups by what answered: the router's mirror "
+                        "or Redis (while the mirror is not current)", n, {"source": source}))
+        mirror = core.index.mirror
+        out += [
+            ("gauge", "pdmesh_index_mirror_current", "1 while the router's mirror of the index is current",
+             1.0 if mirror.usable() else 0.0, {}),
+            ("gauge", "pdmesh_index_mirror_blocks", "Blocks in the router's mirror of the index", len(mirror), {}),
+            ("counter", "pdmesh_index_mirror_resyncs", "Times the mirror read the whole index again (a gap in "
+             "the log, Redis lost)", mirror.resyncs, {}),
+        ]
     for w in core.workers.workers:
         out.append(("gauge", "pdmesh_worker_healthy", "1 when the worker answers and is compatible",
                     1.0 if w.healthy else 0.0, {"worker": w.worker_id, "role": w.role}))

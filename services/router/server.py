@@ -8,6 +8,8 @@ import os
 import grpc
 from grpc_health.v1 import health
 
+from pdmesh.index.lookup import PrefixIndex
+from pdmesh.index.mirror import MirroredIndex
 from pdmesh.rpc.auth import BearerTokenInterceptor
 from pdmesh.rpc.process import advertised, cancel_all, freeze_startup_objects, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server
@@ -27,11 +29,9 @@ def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.H
         f"{cfg.host}:{cfg.port}", servicer.SERVICES, int(cfg.max_request_mb * 2**20),
         TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca), guards, cfg.require_client_cert,
     )
-    index = None
+    index: PrefixIndex | MirroredIndex | None = None
     if cfg.redis_url:
-        from pdmesh.index.lookup import PrefixIndex
-
-        index = PrefixIndex(cfg.redis_url)
+        index = MirroredIndex(cfg.redis_url) if cfg.index_mirror else PrefixIndex(cfg.redis_url)
     core = RouterCore(cfg, Registry(cfg), index)
     servicer.add_to_server(server, core)
     return server, port, health_servicer, core
@@ -43,6 +43,8 @@ async def serve(cfg: RouterConfig) -> None:
     background = [asyncio.create_task(core.workers.run())]
     if cfg.redis_url:
         background.append(asyncio.create_task(core.workers.watch_members(cfg.redis_url)))
+    if isinstance(core.index, MirroredIndex):
+        background.append(asyncio.create_task(core.index.run()))
     await server.start()
     http = None
     if cfg.http_port >= 0:

@@ -5,26 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict
-from pathlib import Path
-
-import pytest
 
 from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from pdmesh.launcher import Mesh, MeshSpec
 
 CHAIN = BlockHasher(16).hash_tokens(list(range(16 * 10)))
-
-
-@pytest.fixture()
-def redis_url(llama_dir: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    mesh = Mesh(MeshSpec(model=str(llama_dir), log_dir=str(tmp_path)))
-    mesh.start_redis()
-    yield mesh.redis_url
-    mesh.stop_redis()
 
 
 def test_longest_prefix_per_worker_and_epoch(redis_url: str) -> None:

@@ -2,8 +2,8 @@
 
 What is real: the policy (``build_policy``), the prefill decision (``PrefillRouter``: index
 lookup, epochs, recent routes), the ``WorkerHandle`` load and queued-token figures, and the
-index protocol (``IndexPublisher`` events into, and ``PrefixIndex`` lookups from, a real
-Redis). What is modelled: each worker serves its queue in order, a request costing
+index protocol (``IndexPublisher`` events into a real Redis, and lookups from the router's
+mirror of it, ``MirroredIndex``, or from Redis itself with ``index="redis"``). What is modelled: each worker serves its queue in order, a request costing
 ``overhead_s + computed * s_per_token + fetched * s_per_token * fetch_ratio`` (costs
 measured on the real engine, ``costs.py``), and holds a prefix cache of ``pool_blocks``
 blocks that is the engine's own ``KVCacheManager`` and ``BlockPool`` (``EnginePool``); a
@@ -11,7 +11,11 @@ shared kvstore tier of ``kvstore_blocks`` (LRU, as the kvstore) is optional. Wor
 their queue to the router every ``info_interval_s`` like ``Info`` does, and publish a
 prompt's blocks when its prefill starts (a real worker publishes them chunk by chunk while
 it computes).
-Time is virtual, so 1,000 workers run on a laptop; decision latency is wall-clock.
+Time is virtual, so 1,000 workers run on a laptop; decision latency is wall-clock. The
+mirror catches up with the index's log before each decision, outside its timing (a
+router's mirror trails the log by milliseconds, which virtual time cannot model); the
+time that takes is reported apart (``mirror_s``): it is the router's cost of following
+the index.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pdmesh.bench.routing.traffic import Job, Traffic
 from pdmesh.bench.routing.workers import LRUBlocks, Served, SimWorker
 from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
+from pdmesh.index.mirror import MirroredIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.events import BlockStored
@@ -69,6 +74,8 @@ class SimSpec:
     """Blocks each worker publishes before the run (other tenants' cache), to measure the
     index at scale: 1,000 workers x 1,100 = 1.1M indexed blocks."""
     seed: int = 0
+    index: str = "mirror"
+    """Where decisions read the index: "mirror" (the router's default) or "redis"."""
 
 
 @dataclass
@@ -87,6 +94,8 @@ class SimResult:
     indexed_blocks: int
     wall_s: float
     pool_blocks: int
+    mirror_s: float = 0.0
+    """Wall seconds the router's mirror spent following the index's log."""
 
 
 class Simulation:
@@ -118,7 +127,8 @@ class Simulation:
         client = aioredis.from_url(self.redis_url)
         await client.flushdb()
         self.client = client
-        self.index = PrefixIndex(self.redis_url)
+        self.index = MirroredIndex(self.redis_url) if spec.index == "mirror" else PrefixIndex(self.redis_url)
+        self.mirror_s = 0.0
         cfg = RouterConfig(model="sim", prefill_us_per_token=spec.s_per_token * 1e6,
                            kvstore_cost_ratio=spec.fetch_ratio, route_tolerance=spec.route_tolerance)
         self.router = PrefillRouter(build_policy(self.policy_name, cfg), self.index, spec.block_size,
@@ -128,6 +138,8 @@ class Simulation:
             self.redis_url, "kvstore-0", "e0", "sim", client=client)) if spec.kvstore_blocks else None
         if spec.preload_blocks:
             await self._preload()
+        if isinstance(self.index, MirroredIndex):
+            await self.index.mirror.catch_up()  # a router starting: reads the index once
         ops_before = await self._redis_ops()
         wall = time.perf_counter()
         starts_rate = self.rate * len(self.traffic.starts) / len(self.traffic.jobs)
@@ -158,7 +170,7 @@ class Simulation:
         return SimResult(self.policy_name, spec.prefill_workers, spec.load, self.served,
                          [w.busy_s for w in self.workers], self.now, self.oracle,
                          self.traffic.prompt_tokens, self.decisions, ops, memory, int(indexed), wall,
-                         self.pool_blocks)
+                         self.pool_blocks, self.mirror_s)
 
     def _worker(self, i: int, client: aioredis.Redis) -> SimWorker:
         handle = WorkerHandle(f"sim:{i}", "prefill", healthy=True)
@@ -189,6 +201,10 @@ class Simulation:
     async def _arrive(self, job: Job) -> None:
         hashes = self.hasher.hash_tokens(job.tokens)
         candidates = [w.handle for w in self.workers]
+        if isinstance(self.index, MirroredIndex):
+            began = time.perf_counter()
+            await self.index.mirror.catch_up()
+            self.mirror_s += time.perf_counter() - began
         began = time.perf_counter()
         decision, _ = await self.router.choose(hashes, hashes[0] if hashes else b"", len(job.tokens), candidates)
         took = time.perf_counter() - began

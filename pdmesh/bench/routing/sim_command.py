@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="blocks each worker indexes before the run, to load the index (default: %(default)s)")
     p.add_argument("--route-tolerance", type=float, default=RouterConfig.route_tolerance,
                    help="cache_aware: estimates within this fraction count as equal (default: %(default)s)")
+    p.add_argument("--index", choices=("mirror", "redis"), default="mirror",
+                   help="where decisions read the prefix index: the router's mirror or Redis (default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
     p.add_argument("--out", default="bench-results/route-sim.json", help="JSON report; PNGs beside it (default: %(default)s)")
 
@@ -76,7 +78,8 @@ def run_route_sim(args: argparse.Namespace) -> None:
                     spec = SimSpec(prefill_workers=workers, s_per_token=costs.s_per_token,
                                    overhead_s=costs.overhead_s, load=load, pool_factor=args.pool_factor,
                                    kvstore_blocks=args.kvstore_blocks, preload_blocks=args.preload_blocks,
-                                   slo_s=args.slo_ms / 1000, route_tolerance=args.route_tolerance)
+                                   slo_s=args.slo_ms / 1000, route_tolerance=args.route_tolerance,
+                                   index=args.index)
                     result = simulate(policy, traffic, spec, redis.redis_url)
                     row = _row(result, spec)
                     rows.append(row)
@@ -86,8 +89,8 @@ def run_route_sim(args: argparse.Namespace) -> None:
         redis.stop_redis()
     print()
     print(report.table(rows))
-    extra_cols = ["lookup_p50_ms", "lookup_p99_ms", "lookup_members_p50", "lookup_members_p99", "redis_ops_per_s",
-                  "redis_memory_mb", "indexed_blocks", "reasons"]
+    extra_cols = ["index", "lookup_p50_ms", "lookup_p99_ms", "lookup_members_p50", "lookup_members_p99",
+                  "mirror_share", "redis_ops_per_s", "redis_memory_mb", "indexed_blocks", "reasons"]
     for r in rows:
         print(f"{r['policy']:<13} {r['workers']:>5} workers load {r['load']:.1f}: " +
               ", ".join(f"{k} {r[k]}" for k in extra_cols))
@@ -113,4 +116,4 @@ def _row(r: SimResult, spec: SimSpec) -> dict[str, Any]:
         lookup_members_p99=pct([s.members for s in r.served], 0.99),
         redis_ops_per_s=round(r.redis_ops_per_s), redis_memory_mb=round(r.redis_memory_mb, 1),
         indexed_blocks=r.indexed_blocks, reasons=dict(r.decisions), wall_s=round(r.wall_s, 1),
-        pool_blocks=r.pool_blocks)
+        pool_blocks=r.pool_blocks, index=spec.index, mirror_share=round(r.mirror_s / r.wall_s, 3))

@@ -1,0 +1,277 @@
+"""A router's own copy of the prefix index, kept current from the index's change log.
+
+Asking Redis on every decision put a network round trip and a Lua walk on the path of
+each request: at 1,000 simulated workers that was half a decision's time and most of its
+tail (docs/routing.md, "The index in the router's memory"). Every change to the index
+already goes through one script (``update.py``), which also appends it, numbered, to a
+stream (``keys.LOG_KEY``); a router reads the index once (each member's block set),
+notes the log entry that read stands at, and applies every later entry as it comes. The
+walk then runs in the router's memory, in microseconds.
+
+Redis stays the index's one source of truth: several routers keep their own mirrors, a
+restarted router reads it again, and a router whose mirror is not current (starting,
+behind the log's retention, cut off from Redis) asks Redis as before
+(``MirroredIndex``), counted per source.
+
+Memory: blocks holding the same members share one ``Holders`` (one object for every
+block of a worker's private chain, one for a system prompt's blocks every worker
+holds), so a block costs a dict entry and its member-set entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from pdmesh.index import keys
+from pdmesh.index.lookup import PrefixIndex, by_member
+from pdmesh.kv.block_hash import BlockHash
+
+log = logging.getLogger(__name__)
+
+HEAD = """
+local id = '0-0'
+if redis.call('EXISTS', ARGV[1]) == 1 then
+  local info = redis.call('XINFO', 'STREAM', ARGV[1])
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then id = info[i + 1] end
+  end
+end
+return {id, redis.call('GET', ARGV[2]) or '0'}
+"""
+"""The log's last entry id and number, read together (an empty or trimmed log still knows
+both)."""
+
+STALE_S = 3.0
+"""A mirror that has heard nothing from the log for this long (each blocking read returns
+within ``block_ms`` even when the index is quiet) is not used."""
+
+
+class Holders:
+    """One set of members, shared by every block they all hold and only they."""
+
+    __slots__ = ("members", "blocks")
+
+    def __init__(self, members: frozenset[str]) -> None:
+        self.members = members
+        self.blocks = 0
+
+
+class IndexMirror:
+    def __init__(self, url: str, block_ms: int = 1000, slice_ops: int = 2000) -> None:
+        """``block_ms``: how long one read of the log waits for news; ``slice_ops``: after
+        applying entries worth this many operations the mirror yields to the event loop,
+        so a burst of changes (a worker's snapshot) does not hold a decision up."""
+        self.redis = aioredis.from_url(url, socket_timeout=block_ms / 1000 + 2.0, socket_connect_timeout=1.0)
+        self.block_ms = block_ms
+        self.slice_ops = slice_ops
+        self._head = self.redis.register_script(HEAD)
+        self._blocks: dict[bytes, Holders] = {}
+        self._owned: dict[str, set[bytes]] = {}
+        self._sets: dict[frozenset[str], Holders] = {}
+        self.synced = False
+        """The blocks are Redis's as of ``_last_id`` (False: being read, or cut off)."""
+        self.heard_at = float("-inf")
+        """When a read of the log last answered (monotonic)."""
+        self._last_id: bytes | str = "0-0"
+        self._seq = 0
+        self.resyncs = 0
+        """Reads of the whole index after the first (a gap in the log, Redis lost)."""
+        self._read = False
+        self.entries = 0
+        """Log entries applied."""
+
+    # -- reading ---------------------------------------------------------------------
+    def usable(self) -> bool:
+        return self.synced and time.monotonic() - self.heard_at < STALE_S
+
+    def holders_by_depth(self, hashes: Sequence[BlockHash]) -> list[tuple[int, list[str]]]:
+        """As ``PrefixIndex.holders_by_depth``: the members holding leading blocks of the
+        chain, grouped by how many, deepest first. Blocks with the same ``Holders`` have
+        the same members, so only where it changes are the members still walking
+        intersected with the block's."""
+        blocks = self._blocks
+        prev = blocks.get(hashes[0]) if hashes else None
+        if prev is None:
+            return []
+        live = prev.members
+        out: list[tuple[int, list[str]]] = []
+        for depth in range(1, len(hashes)):
+            cur = blocks.get(hashes[depth])
+            if cur is prev:
+                continue
+            kept = live & cur.members if cur is not None else frozenset()
+            if len(kept) < len(live):
+                out.append((depth, list(live - kept)))
+                live = kept
+                if not live:
+                    break
+            prev = cur
+        else:
+            out.append((len(hashes), list(live)))
+        out.reverse()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    # -- keeping up ------------------------------------------------------------------
+    async def run(self) -> None:
+        """Read the index, then follow its log, forever; reread after a gap or an outage."""
+        failures = 0
+        while True:
+            try:
+                if not self.synced:
+                    await self.resync()
+                await self.follow(self.block_ms)
+                failures = 0
+            except (RedisError, OSError) as exc:
+                if failures == 0:
+                    log.warning("index mirror cut off from Redis (%s); lookups ask Redis until it reads "
+                                "the index again", exc)
+                self.synced = False
+                failures += 1
+                await asyncio.sleep(min(0.1 * 2 ** min(failures, 5), 2.0))
+
+    async def catch_up(self) -> None:
+        """Apply everything the log holds now (reading the index first when needed)."""
+        while True:
+            if not self.synced:
+                await self.resync()
+            if not await self.follow(None) and self.synced:
+                return
+
+    async def resync(self) -> None:
+        """Read every member's blocks, as of a log entry the reads come after: applying
+        every later entry then gives Redis's state, since each entry sets its pairs of
+        (member, block) to what they became whatever they were before."""
+        self.resyncs += self._read
+        self._read = True
+        self.synced = False
+        last_id, seq = await self._head(args=[keys.LOG_KEY, keys.LOG_SEQ_KEY])
+        self._blocks, self._owned, self._sets = {}, {}, {}
+        members = sorted(m.decode() for m in await self.redis.smembers(keys.PUBLISHERS_KEY))
+        for i in range(0, len(members), 32):
+            pipe = self.redis.pipeline(transaction=False)
+            for m in members[i:i + 32]:
+                pipe.smembers(keys.worker_blocks_key(m))
+            for m, held in zip(members[i:i + 32], await pipe.execute(), strict=True):
+                m = sys.intern(m)
+                for h in held:
+                    self._add(m, binascii.unhexlify(h))
+                await asyncio.sleep(0)  # a member at a time: lookups go on meanwhile (to Redis)
+        self._last_id, self._seq = last_id, int(seq)
+        self.synced = True
+        self.heard_at = time.monotonic()
+        log.info("index mirror read %d blocks of %d members at log entry %d", len(self._blocks), len(members),
+                 self._seq)
+
+    async def follow(self, block_ms: int | None) -> int:
+        """One read of the log (waiting up to ``block_ms`` for news; None: not at all),
+        applied; returns the entries read. A gap in the numbers (entries trimmed before
+        this mirror read them) unsyncs it."""
+        got = await self.redis.xread({keys.LOG_KEY: self._last_id}, count=256, block=block_ms)
+        self.heard_at = time.monotonic()
+        done = 0
+        for _, entries in got:
+            for entry_id, fields in entries:
+                n = int(fields[b"n"])
+                if n != self._seq + 1:
+                    log.warning("index mirror missed log entries %d-%d (trimmed); reading the index again",
+                                self._seq + 1, n - 1)
+                    self.synced = False
+                    return len(entries)
+                done += self._apply(sys.intern(fields[b"m"].decode()), fields[b"o"])
+                self._last_id, self._seq = entry_id, n
+                self.entries += 1
+                if done >= self.slice_ops:
+                    await asyncio.sleep(0)
+                    done = 0
+            return len(entries)
+        return 0
+
+    def _apply(self, member: str, ops: bytes) -> int:
+        parts = ops.split(b",")
+        for op in parts:
+            kind = op[:1]
+            if kind == b"+":
+                self._add(member, binascii.unhexlify(op[1:]))
+            elif kind == b"-":
+                self._remove(member, binascii.unhexlify(op[1:]))
+            else:
+                self._clear(member)
+        return len(parts)
+
+    def _add(self, member: str, h: bytes) -> None:
+        cur = self._blocks.get(h)
+        if cur is not None and member in cur.members:
+            return
+        self._owned.setdefault(member, set()).add(h)
+        self._move(h, cur, cur.members | {member} if cur is not None else frozenset((member,)))
+
+    def _remove(self, member: str, h: bytes) -> None:
+        cur = self._blocks.get(h)
+        if cur is None or member not in cur.members:
+            return
+        owned = self._owned[member]
+        owned.discard(h)
+        if not owned:
+            del self._owned[member]
+        self._move(h, cur, cur.members - {member})
+
+    def _clear(self, member: str) -> None:
+        for h in self._owned.pop(member, ()):
+            cur = self._blocks[h]
+            self._move(h, cur, cur.members - {member})
+
+    def _move(self, h: bytes, cur: Holders | None, members: frozenset[str]) -> None:
+        if cur is not None:
+            cur.blocks -= 1
+            if not cur.blocks:
+                del self._sets[cur.members]
+        if not members:
+            del self._blocks[h]
+            return
+        new = self._sets.get(members)
+        if new is None:
+            new = self._sets[members] = Holders(members)
+        new.blocks += 1
+        self._blocks[h] = new
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+class MirroredIndex:
+    """The router's index: its mirror while current, Redis otherwise (both counted in
+    ``lookups``, by source)."""
+
+    def __init__(self, url: str) -> None:
+        self.mirror = IndexMirror(url)
+        self.redis = PrefixIndex(url)
+        self.lookups: Counter[str] = Counter()
+
+    async def holders_by_depth(self, hashes: Sequence[BlockHash]) -> list[tuple[int, list[str]]]:
+        if self.mirror.usable():
+            self.lookups["mirror"] += 1
+            return self.mirror.holders_by_depth(hashes)
+        self.lookups["redis"] += 1
+        return await self.redis.holders_by_depth(hashes)
+
+    async def longest_prefix(self, hashes: Sequence[BlockHash]) -> dict[tuple[str, str], int]:
+        return by_member(await self.holders_by_depth(hashes))
+
+    async def run(self) -> None:
+        await self.mirror.run()
+
+    async def close(self) -> None:
+        await self.mirror.close()
+        await self.redis.close()

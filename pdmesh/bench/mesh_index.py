@@ -1,5 +1,6 @@
 """``pdmesh bench mesh``'s index section: prefix-index lookup latency with 1M blocks in a
-private Redis, and router decisions per second (hash, index lookup, ``cache_aware``)."""
+private Redis, asked per lookup and read from the router's mirror of it, and router
+decisions per second (hash, index lookup, ``cache_aware``) each way."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
 
     from pdmesh.index import keys
     from pdmesh.index.lookup import PrefixIndex
+    from pdmesh.index.mirror import MirroredIndex
     from pdmesh.index.update import UPDATE, IndexUpdate
     from pdmesh.kv.block_hash import BlockHasher
 
@@ -39,29 +41,36 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
         for update in updates:
             for call in update.calls(batch=1):
                 assert script(args=call) == 0  # additions only: never stops early
-        index = PrefixIndex(mesh.redis_url, timeout=2.0)
 
-        async def lookups() -> list[float]:
+        async def lookups(index: PrefixIndex | MirroredIndex) -> list[float]:
+            if isinstance(index, MirroredIndex):
+                await index.mirror.catch_up()
             lat = []
             for _ in range(2000 if not args.quick else 200):
                 hashes = rng.choice(chains)[: rng.randrange(1, chain + 1)]
                 t0 = time.perf_counter()
                 await index.longest_prefix(hashes)
                 lat.append(time.perf_counter() - t0)
+            await index.close()
             return lat
 
-        lat = asyncio.run(lookups())
-        rows.append(Row("index", f"lookup p50 ms ({n_blocks:,} blocks indexed, chains <= {chain})", 1000 * pct(lat, 0.5)))
-        rows.append(Row("index", "lookup p99 ms", 1000 * pct(lat, 0.99)))
-        rows.append(Row("router", "decisions/s (tokenize-free: hash + index + cache_aware)",
-                        asyncio.run(_decisions_per_second(args, mesh.redis_url, 1000 if not args.quick else 100,
-                                                          rng))))
+        for source, mirror in (("Redis", False), ("the router's mirror", True)):
+            index = MirroredIndex(mesh.redis_url) if mirror else PrefixIndex(mesh.redis_url, timeout=2.0)
+            lat = asyncio.run(lookups(index))
+            rows.append(Row("index", f"lookup p50 ms from {source} ({n_blocks:,} blocks indexed, chains <= {chain})",
+                            1000 * pct(lat, 0.5)))
+            rows.append(Row("index", f"lookup p99 ms from {source}", 1000 * pct(lat, 0.99)))
+            rows.append(Row("router", f"decisions/s from {source} (tokenize-free: hash + index + cache_aware)",
+                            asyncio.run(_decisions_per_second(args, mesh.redis_url, 1000 if not args.quick else 100,
+                                                              rng, mirror))))
     finally:
         mesh.stop_redis()
 
 
-async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int, rng: random.Random) -> float:
+async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int, rng: random.Random,
+                                mirror: bool) -> float:
     from pdmesh.index.lookup import PrefixIndex
+    from pdmesh.index.mirror import MirroredIndex
     from services.router.config import RouterConfig
     from services.router.core import RouterCore
     from services.router.registry import Registry
@@ -71,7 +80,10 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
     for i, w in enumerate(registry.workers):
         w.info = WorkerInfo(worker_id=f"prefill-{i}", epoch="e0")
         w.healthy = True
-    core = RouterCore(cfg, registry, PrefixIndex(redis_url))
+    index = MirroredIndex(redis_url) if mirror else PrefixIndex(redis_url)
+    if isinstance(index, MirroredIndex):
+        await index.mirror.catch_up()
+    core = RouterCore(cfg, registry, index)
     from pdmesh.sampling_params import SamplingParams
 
     prompts = [[rng.randrange(10, 1000) for _ in range(512)] for _ in range(16)]
@@ -84,4 +96,6 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
             await core.route_prefill(prompts[i % 16], core.prompt_hashes(prompts[i % 16], params), set())
 
     await asyncio.gather(*(one(i) for i in range(n)))
-    return n / (time.perf_counter() - t0)
+    took = time.perf_counter() - t0
+    await index.close()
+    return n / took

@@ -13,9 +13,14 @@ restarted router reads it again, and a router whose mirror is not current (start
 behind the log's retention, cut off from Redis) asks Redis as before
 (``MirroredIndex``), counted per source.
 
-Memory: blocks holding the same members share one ``Holders`` (one object for every
-block of a worker's private chain, one for a system prompt's blocks every worker
-holds), so a block costs a dict entry and its member-set entries.
+Memory: blocks holding the same members share one member set, named by a number (one
+for every block of a worker's private chain, one for a system prompt's blocks every
+worker holds), so a block costs a dict entry from its hash to that number and an entry
+in each member's own dict of blocks. Those dicts hold only bytes and ints, which the
+garbage collector does not track: with the set objects themselves as values, each
+collection of the generation holding them walked every block (53 ms for a young
+collection with a million blocks, 70 ms for a full one, every few seconds in a busy
+process).
 """
 
 from __future__ import annotations
@@ -55,16 +60,6 @@ STALE_S = 3.0
 within ``block_ms`` even when the index is quiet) is not used."""
 
 
-class Holders:
-    """One set of members, shared by every block they all hold and only they."""
-
-    __slots__ = ("members", "blocks")
-
-    def __init__(self, members: frozenset[str]) -> None:
-        self.members = members
-        self.blocks = 0
-
-
 class IndexMirror:
     def __init__(self, url: str, block_ms: int = 1000, slice_ops: int = 2000) -> None:
         """``block_ms``: how long one read of the log waits for news; ``slice_ops``: after
@@ -74,9 +69,7 @@ class IndexMirror:
         self.block_ms = block_ms
         self.slice_ops = slice_ops
         self._head = self.redis.register_script(HEAD)
-        self._blocks: dict[bytes, Holders] = {}
-        self._owned: dict[str, set[bytes]] = {}
-        self._sets: dict[frozenset[str], Holders] = {}
+        self._reset()
         self.synced = False
         """The blocks are Redis's as of ``_last_id`` (False: being read, or cut off)."""
         self.heard_at = float("-inf")
@@ -95,20 +88,20 @@ class IndexMirror:
 
     def holders_by_depth(self, hashes: Sequence[BlockHash]) -> list[tuple[int, list[str]]]:
         """As ``PrefixIndex.holders_by_depth``: the members holding leading blocks of the
-        chain, grouped by how many, deepest first. Blocks with the same ``Holders`` have
+        chain, grouped by how many, deepest first. Blocks with the same member set have
         the same members, so only where it changes are the members still walking
         intersected with the block's."""
-        blocks = self._blocks
+        blocks, sets = self._blocks, self._members
         prev = blocks.get(hashes[0]) if hashes else None
         if prev is None:
             return []
-        live = prev.members
+        live = sets[prev]
         out: list[tuple[int, list[str]]] = []
         for depth in range(1, len(hashes)):
             cur = blocks.get(hashes[depth])
-            if cur is prev:
+            if cur == prev:
                 continue
-            kept = live & cur.members if cur is not None else frozenset()
+            kept = live & sets[cur] if cur is not None else frozenset()
             if len(kept) < len(live):
                 out.append((depth, list(live - kept)))
                 live = kept
@@ -157,7 +150,7 @@ class IndexMirror:
         self._read = True
         self.synced = False
         last_id, seq = await self._head(args=[keys.LOG_KEY, keys.LOG_SEQ_KEY])
-        self._blocks, self._owned, self._sets = {}, {}, {}
+        self._reset()
         members = sorted(m.decode() for m in await self.redis.smembers(keys.PUBLISHERS_KEY))
         for i in range(0, len(members), 32):
             pipe = self.redis.pipeline(transaction=False)
@@ -210,40 +203,65 @@ class IndexMirror:
                 self._clear(member)
         return len(parts)
 
+    def _reset(self) -> None:
+        self._blocks: dict[bytes, int] = {}
+        """Block hash -> the number of its member set."""
+        self._owned: dict[str, dict[bytes, None]] = {}
+        """Member -> its blocks (a dict as a set: untracked by the garbage collector)."""
+        self._members: list[frozenset[str]] = []
+        """Member set by number (freed numbers hold an empty set)."""
+        self._uses: list[int] = []
+        """Blocks per member set."""
+        self._numbers: dict[frozenset[str], int] = {}
+        self._free: list[int] = []
+
     def _add(self, member: str, h: bytes) -> None:
         cur = self._blocks.get(h)
-        if cur is not None and member in cur.members:
+        if cur is None:
+            members = frozenset((member,))
+        elif member in self._members[cur]:
             return
-        self._owned.setdefault(member, set()).add(h)
-        self._move(h, cur, cur.members | {member} if cur is not None else frozenset((member,)))
+        else:
+            members = self._members[cur] | {member}
+        self._owned.setdefault(member, {})[h] = None
+        self._move(h, cur, members)
 
     def _remove(self, member: str, h: bytes) -> None:
         cur = self._blocks.get(h)
-        if cur is None or member not in cur.members:
+        if cur is None or member not in self._members[cur]:
             return
         owned = self._owned[member]
-        owned.discard(h)
+        del owned[h]
         if not owned:
             del self._owned[member]
-        self._move(h, cur, cur.members - {member})
+        self._move(h, cur, self._members[cur] - {member})
 
     def _clear(self, member: str) -> None:
         for h in self._owned.pop(member, ()):
             cur = self._blocks[h]
-            self._move(h, cur, cur.members - {member})
+            self._move(h, cur, self._members[cur] - {member})
 
-    def _move(self, h: bytes, cur: Holders | None, members: frozenset[str]) -> None:
+    def _move(self, h: bytes, cur: int | None, members: frozenset[str]) -> None:
         if cur is not None:
-            cur.blocks -= 1
-            if not cur.blocks:
-                del self._sets[cur.members]
+            self._uses[cur] -= 1
+            if not self._uses[cur]:
+                del self._numbers[self._members[cur]]
+                self._members[cur] = frozenset()
+                self._free.append(cur)
         if not members:
             del self._blocks[h]
             return
-        new = self._sets.get(members)
+        new = self._numbers.get(members)
         if new is None:
-            new = self._sets[members] = Holders(members)
-        new.blocks += 1
+            if self._free:
+                new = self._free.pop()
+                self._members[new] = members
+            else:
+                new = len(self._members)
+                self._members.append(members)
+                self._uses.append(0)
+            self._numbers[members] = new
+        self._uses[new] += 1
         self._blocks[h] = new
 
     async def close(self) -> None:

@@ -45,7 +45,7 @@ class RouterCore:
         self.cfg = cfg
         self.workers = workers
         self.index = index
-        """``PrefixIndex`` over Redis, or None (consistent hashing only)."""
+        """``MirroredIndex`` or ``PrefixIndex`` over Redis, or None (consistent hashing only)."""
         self.tokenizer = Tokenizer(cfg.model)
         self.model_config = ModelConfig.from_dir(cfg.model)
         self.hasher = BlockHasher(cfg.block_size, cfg.hash_seed, cfg.hash_algorithm)

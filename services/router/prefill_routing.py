@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pdmesh.index import keys
+from pdmesh.index.mirror import MirroredIndex
 from pdmesh.kv.block_hash import BlockHash
 from services.router.policies import Decision, Policy, RouteContext
 from services.router.recent import RecentRoutes
@@ -50,7 +51,8 @@ class PrefillRouter:
                  clock: Callable[[], float] = time.monotonic, max_holders: int = 32) -> None:
         self.policy = policy
         self.index = index
-        """``PrefixIndex`` over Redis, or None (consistent hashing only)."""
+        """``MirroredIndex`` (the router's copy, Redis while it is not current), ``PrefixIndex``
+        (Redis per lookup), or None (consistent hashing only)."""
         self.block_size = block_size
         self.clock = clock
         self.recent = RecentRoutes(clock=clock)
@@ -130,7 +132,11 @@ class PrefillRouter:
         if self.index is None:
             return "none"
         if self.index_failing_since is None:
-            return "ok"
+            if not isinstance(self.index, MirroredIndex):
+                return "ok"
+            if self.index.mirror.usable():
+                return f"ok, mirrored ({len(self.index.mirror)} blocks)"
+            return "ok, asking Redis until the router's mirror is current"
         return (f"unreachable for {self.clock() - self.index_failing_since:.0f} s "
                 f"({self.index_fallbacks} lookups fell back to consistent hashing)")
 

@@ -81,16 +81,24 @@ def prefill_pool_blocks(traffic: Traffic, spec: MeshRunSpec) -> int:
 
 def _decisions(metrics_address: str) -> dict[str, int]:
     """The router's routing decisions by reason (``pdmesh_routing_decisions``), e.g.
-    ``{"cache_aware/balance": 12}``: why each request went where it went."""
+    ``{"cache_aware/balance": 12}``: why each request went where it went; and its index
+    lookups by what answered them (``pdmesh_index_lookups``), e.g. ``{"index/mirror": 480}``."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    return {f"{s.labels['policy']}/{s.labels['reason']}": int(s.value)
-            for fam in text_string_to_metric_families(text) if fam.name == "pdmesh_routing_decisions"
-            for s in fam.samples if s.name.endswith("_total")}
+    out: dict[str, int] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.endswith("_total"):
+                continue
+            if fam.name == "pdmesh_routing_decisions":
+                out[f"{s.labels['policy']}/{s.labels['reason']}"] = int(s.value)
+            elif fam.name == "pdmesh_index_lookups":
+                out[f"index/{s.labels['source']}"] = int(s.value)
+    return out
 
 
 def decode_pool_blocks(traffic: Traffic, spec: MeshRunSpec) -> int:

@@ -47,6 +47,10 @@ def test_metrics_agree_with_the_run(mesh: Mesh, client: Client) -> None:
         before, "pdmesh_time_to_first_token_seconds_count", role="router")
     assert ttft == n
     assert total(after, "pdmesh_routing_decisions_total", policy="cache_aware") >= n
+    # every prefill decision read the index, from the router's mirror once it had read it
+    assert total(after, "pdmesh_index_lookups_total") >= n
+    assert total(after, "pdmesh_index_mirror_current") == 1
+    assert total(after, "pdmesh_index_lookups_total", source="mirror") > 0
     assert total(after, "pdmesh_worker_healthy") >= 3
     wait_idle(mesh)
     for proc in [*mesh.prefill, *mesh.decode]:

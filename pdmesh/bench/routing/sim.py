@@ -3,7 +3,8 @@
 What is real: the policy (``build_policy``), the prefill decision (``PrefillRouter``: index
 lookup, epochs, recent routes), the ``WorkerHandle`` load and queued-token figures, and the
 index protocol (``IndexPublisher`` events into a real Redis, and lookups from the router's
-mirror of it, ``MirroredIndex``, or from Redis itself with ``index="redis"``). What is modelled: each worker serves its queue in order, a request costing
+mirror of it, ``MirroredIndex``, or from Redis itself with ``index="redis"``). What is
+modelled: each worker serves its queue in order, a request costing
 ``overhead_s + computed * s_per_token + fetched * s_per_token * fetch_ratio`` (costs
 measured on the real engine, ``costs.py``), and holds a prefix cache of ``pool_blocks``
 blocks that is the engine's own ``KVCacheManager`` and ``BlockPool`` (``EnginePool``); a

@@ -59,6 +59,8 @@ def decode_request(rid: str, prefill_response: Any, handle: Any) -> worker_pb2.D
     )
     if prefill_response.HasField("first_logprob"):
         msg.first_logprob.CopyFrom(prefill_response.first_logprob)
+    if prefill_response.HasField("kv_written_inline"):
+        msg.kv_written_inline = prefill_response.kv_written_inline
     return msg
 
 
@@ -66,8 +68,13 @@ def renew_request(rid: str, lease_ms: int) -> worker_pb2.RenewLeaseRequest:
     return worker_pb2.RenewLeaseRequest(request_id=rid, lease_ms=lease_ms)
 
 
-def release_request(rid: str) -> worker_pb2.ReleaseRequest:
-    return worker_pb2.ReleaseRequest(request_id=rid)
+def release_request(rid: str, prefill_response: Any = None) -> worker_pb2.ReleaseRequest:
+    """``prefill_response``: the prefill's answer when its KV was written here, so the
+    decode worker learns how that KV landed (as from ``decode_request``)."""
+    msg = worker_pb2.ReleaseRequest(request_id=rid)
+    if prefill_response is not None and prefill_response.HasField("kv_written_inline"):
+        msg.kv_written_inline = prefill_response.kv_written_inline
+    return msg
 
 
 def abort_response(rid: str, prompt_tokens: int, completion_tokens: int) -> generate_pb2.GenerateResponse:

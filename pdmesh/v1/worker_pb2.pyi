@@ -164,7 +164,7 @@ class IndexView(_message.Message):
     def __init__(self, tier_blocks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms", "first_text", "first_stopped")
+    __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms", "first_text", "first_stopped", "kv_written_inline")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class PrefillResponse(_message.Message):
     TRANSFER_MS_FIELD_NUMBER: _ClassVar[int]
     FIRST_TEXT_FIELD_NUMBER: _ClassVar[int]
     FIRST_STOPPED_FIELD_NUMBER: _ClassVar[int]
+    KV_WRITTEN_INLINE_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     first_logprob: _common_pb2.TokenLogprob
     cached_tokens: int
@@ -183,7 +184,8 @@ class PrefillResponse(_message.Message):
     transfer_ms: float
     first_text: str
     first_stopped: bool
-    def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., blocks_transferred: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ..., first_text: _Optional[str] = ..., first_stopped: _Optional[bool] = ...) -> None: ...
+    kv_written_inline: bool
+    def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., blocks_transferred: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ..., first_text: _Optional[str] = ..., first_stopped: _Optional[bool] = ..., kv_written_inline: _Optional[bool] = ...) -> None: ...
 
 class RenewLeaseRequest(_message.Message):
     __slots__ = ("request_id", "lease_ms")
@@ -194,10 +196,12 @@ class RenewLeaseRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "kv_written_inline")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_WRITTEN_INLINE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    kv_written_inline: bool
+    def __init__(self, request_id: _Optional[str] = ..., kv_written_inline: _Optional[bool] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released",)
@@ -206,20 +210,22 @@ class ReleaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("request_id", "first_token_id", "first_logprob", "cached_tokens", "transfer_id", "feed_id")
+    __slots__ = ("request_id", "first_token_id", "first_logprob", "cached_tokens", "transfer_id", "feed_id", "kv_written_inline")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
     FEED_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_WRITTEN_INLINE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token_id: int
     first_logprob: _common_pb2.TokenLogprob
     cached_tokens: int
     transfer_id: str
     feed_id: str
-    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., transfer_id: _Optional[str] = ..., feed_id: _Optional[str] = ...) -> None: ...
+    kv_written_inline: bool
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., transfer_id: _Optional[str] = ..., feed_id: _Optional[str] = ..., kv_written_inline: _Optional[bool] = ...) -> None: ...
 
 class FeedRequest(_message.Message):
     __slots__ = ("feed_id",)

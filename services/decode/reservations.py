@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pdmesh.errors import UnknownRequestError
 from pdmesh.rpc.process import now_ms
+from services.decode.write_path import WritePath
 
 
 @dataclass(slots=True)
@@ -28,8 +29,10 @@ class Reservation:
 
 
 class Reservations:
-    def __init__(self) -> None:
+    def __init__(self, writes: WritePath | None = None) -> None:
         self._by_request: dict[str, Reservation] = {}
+        self.writes = writes or WritePath()
+        """How KV has been landing here: whether awaiting it needs progress passes."""
 
     def __len__(self) -> int:
         return len(self._by_request)
@@ -69,6 +72,7 @@ class Reservations:
         return [r.request_id for r in self._by_request.values() if r.lease_expiry_ms <= now]
 
     def awaiting_kv(self) -> bool:
-        """Whether any reservation may still be written into (all are unclaimed). Read from
-        the transfer poller's thread: ``len`` of a dict is one atomic read."""
-        return len(self._by_request) > 0
+        """Whether any reservation may still be written into (all are unclaimed) by a write
+        that may need this worker's progress passes (``write_path.py``). Read from the
+        transfer poller's thread: ``len`` of a dict is one atomic read."""
+        return len(self._by_request) > 0 and self.writes.needs_passes()

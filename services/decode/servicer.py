@@ -82,7 +82,17 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                                    transfer_id=record.transfer_id)
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:  # noqa: N802
+        if request.HasField("kv_written_inline"):  # KV landed for a request that needs no Decode
+            self._landed(request.kv_written_inline)
         return worker_pb2.ReleaseResponse(released=self._release(request.request_id))
+
+    def _landed(self, inline: bool) -> None:
+        """A prompt's KV landed here; ``inline``: within its writer's calls."""
+        self.reservations.writes.saw(inline)
+        if inline:
+            self.core.counters.kv_writes_inline += 1
+        else:
+            self.core.counters.kv_writes_polled += 1
 
     def _release(self, rid: str) -> bool:
         self.reservations.pop(rid)
@@ -111,6 +121,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         core = self.core
         rid = request.request_id
         self.reservations.claim(rid, request.transfer_id)  # Decode owns the blocks from here on
+        # Unset: no KV was written, or a writer that does not say; either way no proof that
+        # awaiting KV can do without this worker's passes.
+        self._landed(request.HasField("kv_written_inline") and request.kv_written_inline)
         span = tracing.start_span("decode", tracing.incoming(context), request_id=rid)
         bind_request(rid, span)
         try:

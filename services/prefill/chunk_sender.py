@@ -35,6 +35,8 @@ class ChunkSender:
         self.ready = 0
         self.overlapped_blocks = 0
         self.bytes = 0
+        self.inline: bool | None = None
+        """None until a write; then whether every write landed within its own call."""
         self._wake = asyncio.Event()
         self._error: BaseException | None = None
         self._closing = False
@@ -86,7 +88,9 @@ class ChunkSender:
             return 0
         src = self.core.aeng.call(lambda: self.core.engine.block_ids_of(self.rid))[start:end]
         dst = list(dest.block_ids[start - dest.first_block : end - dest.first_block])
-        self.bytes += await self.core.write_kv(dest.worker_id, src, dst, self.timeout)
+        moved = await self.core.write_kv(dest.worker_id, src, dst, self.timeout)
+        self.bytes += moved.bytes
+        self.inline = moved.inline and self.inline is not False
         self.sent = end
         return end - start
 

@@ -176,7 +176,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             if not offloading:
                 core.aeng.call(lambda: core.engine.handoff.release(job.request_id))
         timer.done("prefilled")
-        return self._response(job, final, sent_blocks, sender.bytes, computed_at)
+        return self._response(job, final, sent_blocks, sender.bytes, computed_at, sender.inline)
 
     async def _compute(self, job: PrefillJob, sender: ChunkSender, transfer: Any) -> RequestOutput:
         """Run the prompt with its KV held, sending finished blocks while later chunks run."""
@@ -196,7 +196,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         return final
 
     def _response(self, job: PrefillJob, final: RequestOutput, sent_blocks: int, moved: int,
-                  computed_at: float) -> worker_pb2.PrefillResponse:
+                  computed_at: float, inline: bool | None) -> worker_pb2.PrefillResponse:
         core = self.core
         comp = final.outputs[0]
         cached = final.metrics.num_cached_tokens
@@ -218,6 +218,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             resp.first_text = comp.text
         if comp.logprobs:
             resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
+        if inline is not None:
+            resp.kv_written_inline = inline
         return resp
 
     async def _offload_then_release(self, rid: str, ctx) -> None:  # type: ignore[no-untyped-def]

@@ -206,7 +206,7 @@ class RequestFlow:
                 # No Decode claimed the reservation (none was needed, or the caller left or
                 # the call failed first, maybe before it reached the worker): give it back
                 # now, not at the end of its lease.
-                await reservation.give_back(d_stub, rid)
+                await reservation.give_back(d_stub, rid, prefill_response)
 
     async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
         """Relay a decode stream (less ``relayed``, the first token when the caller has it

@@ -29,7 +29,8 @@ async def keep_alive(stub: Any, request_id: str, lease_ms: int) -> None:
                 return
 
 
-async def give_back(stub: Any, request_id: str) -> None:
-    """Release the reservation (shielded: it must happen even when the caller is cancelled)."""
+async def give_back(stub: Any, request_id: str, prefill_response: Any = None) -> None:
+    """Release the reservation (shielded: it must happen even when the caller is cancelled);
+    ``prefill_response``: the answer of a prefill that wrote into it."""
     with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-        await asyncio.shield(stub.Release(messages.release_request(request_id), timeout=5.0))
+        await asyncio.shield(stub.Release(messages.release_request(request_id, prefill_response), timeout=5.0))

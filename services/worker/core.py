@@ -26,7 +26,7 @@ from pdmesh.errors import IncompatibleWorkerError, TransferFailedError
 from pdmesh.kv.layout import KVLayout
 from pdmesh.kv.transfer.base import KVRegion, KVTransport, PeerLayout
 from pdmesh.kv.transfer.nixl import NixlTransport
-from pdmesh.kv.transfer.runner import TransferRunner
+from pdmesh.kv.transfer.runner import Moved, TransferRunner
 from pdmesh.mesh_types import WorkerInfo
 from pdmesh.rpc.clients import fetch_info
 from pdmesh.rpc.process import advertised
@@ -53,6 +53,11 @@ class Counters:
     kvstore_lookups_skipped: int = 0
     """Prompts whose kvstore lookup was skipped: the router's index lookup listed no more
     of them in the kvstore than this worker held (``KVStoreTier.fetch``)."""
+    kv_writes_inline: int = 0
+    """Decode side: prompts whose KV writes all landed within their writer's call."""
+    kv_writes_polled: int = 0
+    """Decode side: the other ``Decode`` calls (a write not inline, none, or a writer that
+    does not say)."""
 
 
 def _transport(name: str, region: KVRegion) -> KVTransport:
@@ -167,8 +172,8 @@ class WorkerCore:
             info.num_blocks, info.kv_mem_type or "DRAM", info.kv_device_id,
         ))
 
-    async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> int:
-        """Write local blocks into a decode worker's; returns bytes moved (counted)."""
+    async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
+        """Write local blocks into a decode worker's (bytes counted)."""
         moved = await self.transfers.write(peer, src, dst, timeout)
         self.counters.kv_bytes_sent += moved.bytes
-        return moved.bytes
+        return moved

@@ -19,6 +19,8 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
     blocks = "KV blocks by state"
     tokens = "Prompt tokens by source"
     lookups = "Prefill kvstore lookups: asked, or skipped on the router's index lookup"
+    received = ("Decode calls by how their KV landed: inline (every write within its writer's call) "
+                "or polled (the rest: a write that needed this worker, none, or a writer that does not say)")
     return [
         ("gauge", "pdmesh_kv_blocks", blocks, s.used, {**role, "state": "used"}),
         ("gauge", "pdmesh_kv_blocks", blocks, s.free, {**role, "state": "free"}),
@@ -43,6 +45,8 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
          c.expired_leases, role),
         ("counter", "pdmesh_feed_misses", "Decode calls naming a token feed not open here (streamed on the call)",
          c.feed_misses, role),
+        ("counter", "pdmesh_kv_writes_received", received, c.kv_writes_inline, {**role, "path": "inline"}),
+        ("counter", "pdmesh_kv_writes_received", received, c.kv_writes_polled, {**role, "path": "polled"}),
         ("counter", "pdmesh_kvstore_lookups", lookups, c.kvstore_lookups, {**role, "outcome": "asked"}),
         ("counter", "pdmesh_kvstore_lookups", lookups, c.kvstore_lookups_skipped, {**role, "outcome": "skipped"}),
         *_spec_samples(core, role),

@@ -36,7 +36,9 @@ AWAIT_INTERVAL_S = 0.002
 another worker: at 0.1 ms these wake-ups took cores from that very prefill (on 2 cores a
 lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms; docs/performance.md
 section 11). Over shared memory (UCX's ``cma``) a write needs no pass on the target at all;
-over TCP each of its parts waits for one."""
+over TCP each of its parts waits for one: a decode worker whose writes have lately all
+landed within their writers' calls awaits KV without these passes
+(``services/decode/write_path.py``)."""
 IDLE_INTERVAL_S = 0.05
 """Between progress passes with nothing awaited: writes into this worker's pool whose
 reservation lapsed must still complete, so passes never stop on a target. A new

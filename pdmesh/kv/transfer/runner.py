@@ -62,6 +62,9 @@ class Moved:
     seconds: float
     """From the start of the transfer to the poller seeing it done: the transfer's own
     time, without the event loop's delay in resuming the waiter."""
+    inline: bool = False
+    """DONE at the first poll, right after the call that started it: the data moved
+    within that call (shared memory), with no progress pass needed at the peer."""
 
 
 class TransferRunner:
@@ -114,12 +117,14 @@ class TransferRunner:
                     raise TransferFailedError(
                         f"KV {what} with {peer} did not finish within {timeout:.1f}s"
                     ) from None
+                inline = False
             else:
                 done_at = time.perf_counter()
+                inline = True
             failed = state is TransferState.FAILED
             if failed:
                 raise TransferFailedError(f"KV {what} with {peer} failed (peer gone?)")
-            return Moved(blocks * self.transport.block_bytes, done_at - started)
+            return Moved(blocks * self.transport.block_bytes, done_at - started, inline)
         finally:
             if clock is not None:
                 clock.stop(done_at or time.perf_counter())

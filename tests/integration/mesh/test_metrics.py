@@ -60,5 +60,9 @@ def test_metrics_agree_with_the_run(mesh: Mesh, client: Client) -> None:
     prefill = [scrape(p.metrics_address) for p in mesh.prefill]
     assert max(total(m, "pdmesh_prefix_cache_hit_rate") for m in prefill) > 0
     assert sum(total(m, "pdmesh_kv_transfer_bytes_total") for m in prefill) > 0
+    # KV written over shared memory lands within the writer's call: the decode worker was
+    # told so with every Decode (and stops polling for awaited KV after a run of them)
+    decode = scrape(mesh.decode[0].metrics_address)
+    assert total(decode, "pdmesh_kv_writes_received_total", path="inline") >= n - 1
     store = scrape(mesh.kvstore[0].metrics_address)
     assert total(store, "pdmesh_kvstore_blocks", state="stored") > 0

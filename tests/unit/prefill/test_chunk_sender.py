@@ -21,7 +21,7 @@ from pdmesh.errors import TransferFailedError
 from pdmesh.kv.transfer.base import KVRegion, PeerLayout
 from pdmesh.kv.transfer.faults import FailingWrites
 from pdmesh.kv.transfer.nixl import NixlTransport
-from pdmesh.kv.transfer.runner import TransferRunner
+from pdmesh.kv.transfer.runner import Moved, TransferRunner
 from pdmesh.mesh_types import KvDestination
 from services.prefill.chunk_sender import ChunkSender
 
@@ -42,8 +42,8 @@ class _Core:
             self.connects += 1
             self.transport.add_peer(self.peer)
 
-    async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> int:
-        return (await self.transfers.write(peer, src, dst, timeout)).bytes
+    async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
+        return await self.transfers.write(peer, src, dst, timeout)
 
 
 @pytest.fixture()
@@ -68,7 +68,7 @@ def test_a_request_connected_before_another_failed_write_writes_after_it(pools) 
     src, dst, layout, src_pool, dst_pool = pools
     core = _Core(FailingWrites(src, {1}), layout, {"a": [0, 1], "b": [2, 3]})
 
-    async def go() -> tuple[int, bool]:
+    async def go() -> tuple[int, bool, bool | None, bool | None]:
         receiver = TransferRunner(dst)
         receiver.poller.drive_progress(lambda: True)  # a UCX target progresses, as a decode worker does
         a = ChunkSender(core, "a", _done(KvDestination("sender-dst", "-", (4, 5))), timeout=10)  # type: ignore[arg-type]
@@ -82,9 +82,11 @@ def test_a_request_connected_before_another_failed_write_writes_after_it(pools) 
         finally:
             core.transfers.poller.close()
             receiver.poller.close()
-        return sent, dropped
+        return sent, dropped, a.inline, b.inline
 
-    sent, dropped = asyncio.run(go())
+    sent, dropped, a_inline, b_inline = asyncio.run(go())
     assert dropped
+    # how the KV landed is said only for writes that happened (the decode worker learns from it)
+    assert b_inline is None and a_inline in (True, False)
     assert sent == 2 and core.connects == 2
     assert torch.equal(dst_pool[4:6], src_pool[0:2])

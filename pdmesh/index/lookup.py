@@ -8,8 +8,8 @@ where the holders change: checked member by member at every block, a 64-block pr
 that 128 workers hold cost 4.1 ms of Redis time per lookup and one that 1,000 hold 33 ms
 (``scripts/route_decisions.py --holders=H`` on the code before; 0.17 and 0.51 ms now).
 The chain travels as one hex string the script cuts into ``keys.block_key`` names:
-packing a long prompt's keys as separate arguments took ~0.1 ms of a 0.5 ms lookup. (The keys are not declared, so the
-index needs one Redis, not a cluster; it is one Redis.)
+packing a long prompt's keys as separate arguments took ~0.1 ms of a 0.5 ms lookup. (The
+keys are not declared, so the index needs one Redis, not a cluster; it is one Redis.)
 """
 
 from __future__ import annotations

@@ -135,12 +135,15 @@ class IndexMirror:
                 await asyncio.sleep(min(0.1 * 2 ** min(failures, 5), 2.0))
 
     async def catch_up(self) -> None:
-        """Apply everything the log holds now (reading the index first when needed)."""
-        while True:
+        """Apply everything the log held when called (reading the index first when needed).
+        Ends: each pass applies entries up to that head or reads the index anew, which
+        puts the mirror at or past it; a log emptied below it (trimmed) is a gap."""
+        _, head = await self._head(args=[keys.LOG_KEY, keys.LOG_SEQ_KEY])
+        while not self.synced or self._seq < int(head):
             if not self.synced:
                 await self.resync()
-            if not await self.follow(None) and self.synced:
-                return
+            elif not await self.follow(None):
+                self.synced = False
 
     async def resync(self) -> None:
         """Read every member's blocks, as of a log entry the reads come after: applying

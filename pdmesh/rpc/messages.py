@@ -59,9 +59,15 @@ def decode_request(rid: str, prefill_response: Any, handle: Any) -> worker_pb2.D
     )
     if prefill_response.HasField("first_logprob"):
         msg.first_logprob.CopyFrom(prefill_response.first_logprob)
-    if prefill_response.HasField("kv_written_inline"):
-        msg.kv_written_inline = prefill_response.kv_written_inline
+    _pass_landing(prefill_response, msg)
     return msg
+
+
+def _pass_landing(prefill_response: Any, msg: Any) -> None:
+    """Tell the decode worker how the prefill's KV landed (``services/decode/write_path.py``),
+    when the prefill said."""
+    if prefill_response is not None and prefill_response.HasField("kv_written_inline"):
+        msg.kv_written_inline = prefill_response.kv_written_inline
 
 
 def renew_request(rid: str, lease_ms: int) -> worker_pb2.RenewLeaseRequest:
@@ -72,8 +78,7 @@ def release_request(rid: str, prefill_response: Any = None) -> worker_pb2.Releas
     """``prefill_response``: the prefill's answer when its KV was written here, so the
     decode worker learns how that KV landed (as from ``decode_request``)."""
     msg = worker_pb2.ReleaseRequest(request_id=rid)
-    if prefill_response is not None and prefill_response.HasField("kv_written_inline"):
-        msg.kv_written_inline = prefill_response.kv_written_inline
+    _pass_landing(prefill_response, msg)
     return msg
 
 

@@ -51,17 +51,28 @@ class MeshSpec:
                 and device.startswith("cpu"))
 
     def colocated_router_args(self) -> list[str]:
-        """Router defaults for workers that split one machine's cores: conditional
-        disaggregation (``--prefill-busy-requests 4 --prefill-busy-tokens 1024``), so that a
-        burst of prompts is prefilled by the decode worker too instead of queueing on the
-        prefill worker's share of the cores. With it and lent cores, 1 prefill + 1 decode on
-        2 cores made 1.10-1.39x the output of one worker on a burst of 32 x 256 + 64 in
-        `pdmesh bench mesh`, without it 0.70-0.80x (docs/performance.md §11); through `pdmesh
-        bench serve`, 0.90x on that shape and 0.91-0.92x on prompts sharing four prefixes
-        (§14). Empty when the caller set the rule itself."""
-        if (not self.splits_cpu_cores() or not self.prefill
-                or {"--prefill-busy-requests", "--prefill-busy-tokens"} & set(self.router_args)):
+        """Router defaults for workers that split one machine's cores; each only where the
+        caller did not set that flag itself.
+
+        Conditional disaggregation (``--prefill-busy-requests 4 --prefill-busy-tokens
+        1024``), so that a burst of prompts is prefilled by the decode worker too instead of
+        queueing on the prefill worker's share of the cores. With it and lent cores, 1
+        prefill + 1 decode on 2 cores made 1.10-1.39x the output of one worker on a burst of
+        32 x 256 + 64 in `pdmesh bench mesh`, without it 0.70-0.80x (docs/performance.md
+        §11); through `pdmesh bench serve`, 0.90x on that shape and 0.91-0.92x on prompts
+        sharing four prefixes (§14).
+
+        With several decode workers, ``--decode-policy pack``: one worker's batch is filled
+        before the next gets a request, as one worker would batch them, while the others
+        lend their cores (§32: 1 prefill + 2 decode on 2 cores from 0.70-0.82x of one
+        worker's output with requests spread)."""
+        if not self.splits_cpu_cores():
             return []
-        return ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS),
-                "--prefill-busy-tokens", str(COLOCATED_PREFILL_BUSY_TOKENS)]
+        args: list[str] = []
+        if self.prefill and not {"--prefill-busy-requests", "--prefill-busy-tokens"} & set(self.router_args):
+            args += ["--prefill-busy-requests", str(COLOCATED_PREFILL_BUSY_REQUESTS),
+                     "--prefill-busy-tokens", str(COLOCATED_PREFILL_BUSY_TOKENS)]
+        if self.decode > 1 and "--decode-policy" not in self.router_args:
+            args += ["--decode-policy", "pack"]
+        return args
 

@@ -59,6 +59,8 @@ class WorkerInfo:
     publishes_index: bool = False
     """The kvstore publishes what it holds into the prefix index (a prefill worker may then
     trust the router's index lookup instead of asking the kvstore)."""
+    max_num_seqs: int = 0
+    """The most sequences one engine step runs (0: not said, an older worker)."""
 
 
 @dataclass(frozen=True, slots=True)

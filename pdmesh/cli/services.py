@@ -105,7 +105,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
     # Router options.
     up.add_argument("--prefill-policy", default=None, help="prefill routing policy (default: cache_aware)")
     up.add_argument("--decode-policy", default=None,
-                    help="decode routing policy: holder | least_loaded | round_robin (default: holder)")
+                    help="decode routing policy: holder | least_loaded | round_robin | pack (default: pack "
+                         "when several decode workers split this machine's cores, else holder)")
     up.add_argument("--disaggregation", default=None,
                     help="strict | fallback_local: without a prefill worker, fail or prefill on decode "
                          "(default: fallback_local)")
@@ -131,6 +132,7 @@ def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    import os
     import signal
     import threading
 
@@ -152,7 +154,11 @@ def run_up(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         share_cores=not args.no_core_share,
     )
-    spec.router_args += spec.colocated_router_args()
+    colocated = spec.colocated_router_args()
+    spec.router_args += colocated
+    if colocated:
+        print(f"pdmesh up: the workers share this machine's {os.cpu_count()} cores; router defaults for that: "
+              f"{' '.join(colocated)} (set any of them to override)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

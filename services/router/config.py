@@ -31,9 +31,11 @@ class RouterConfig(MeshContract, ServerConfig):
     Redis while the mirror is not current. Off: every lookup asks Redis."""
     prefill_policy: Literal["cache_aware", "prefix_hash", "least_loaded", "round_robin"] = "cache_aware"
     """How to pick the prefill worker."""
-    decode_policy: Literal["holder", "least_loaded", "round_robin"] = "holder"
+    decode_policy: Literal["holder", "least_loaded", "round_robin", "pack"] = "holder"
     """How to pick the decode worker: holder = the one that served the conversation's
-    earlier turns (it caches their blocks) unless busier than the rest, else least loaded."""
+    earlier turns (it caches their blocks) unless busier than the rest, else least loaded;
+    pack = fill one worker's batch before the next (decode workers sharing one machine's
+    cores; ``pdmesh up`` sets it there)."""
     decode_holder_slack: int = 2
     """holder: requests in flight the holder may have beyond the least loaded worker and
     still be chosen."""

@@ -25,4 +25,12 @@ def test_no_sharing_when_the_user_fixed_threads_or_device_or_turned_it_off() -> 
 def test_the_users_own_rule_is_kept() -> None:
     spec = MeshSpec(model="m", router_args=["--prefill-busy-requests", "0"])
     assert spec.colocated_router_args() == []
-    assert MeshSpec(model="m", prefill=0, decode=2).colocated_router_args() == []  # nothing to divert from
+    assert MeshSpec(model="m", prefill=0, decode=2, router_args=["--decode-policy", "holder"]
+                    ).colocated_router_args() == []  # no prefill worker to divert from, the policy set
+
+
+def test_decode_workers_sharing_the_cores_pack_their_batches() -> None:
+    assert MeshSpec(model="m", prefill=0, decode=2).colocated_router_args() == ["--decode-policy", "pack"]
+    assert MeshSpec(model="m", prefill=1, decode=2).colocated_router_args()[-2:] == ["--decode-policy", "pack"]
+    assert "--decode-policy" not in MeshSpec(model="m", prefill=1, decode=1).colocated_router_args()
+    assert MeshSpec(model="m", prefill=1, decode=2, worker_args=["--threads", "1"]).colocated_router_args() == []

@@ -7,6 +7,7 @@ from services.router.policies.base import Decision, Policy, RouteContext
 from services.router.policies.cache_aware import CacheAwarePolicy
 from services.router.policies.holder import HolderPolicy
 from services.router.policies.least_loaded import LeastLoadedPolicy
+from services.router.policies.pack import PackPolicy
 from services.router.policies.prefix_hash import PrefixHashPolicy
 from services.router.policies.round_robin import RoundRobinPolicy
 
@@ -16,6 +17,7 @@ _FACTORIES = {
     "prefix_hash": lambda cfg: PrefixHashPolicy(),
     "least_loaded": lambda cfg: LeastLoadedPolicy(),
     "holder": lambda cfg: HolderPolicy(cfg.decode_holder_slack),
+    "pack": lambda cfg: PackPolicy(),
     "round_robin": lambda cfg: RoundRobinPolicy(),
 }
 

@@ -202,3 +202,33 @@ def test_the_router_remembers_where_a_conversation_decoded(llama_dir) -> None:  
     stranger = list(range(700, 700 + 4 * cfg.block_size))
     assert core.route_decode(core.prompt_hashes(stranger, SamplingParams()))[0] is other  # least loaded
     assert core.route_decode(core.prompt_hashes(turn2, SamplingParams()), exclude={first.worker_id})[0] is other
+
+
+def test_pack_fills_one_decode_workers_batch_before_the_next() -> None:
+    from dataclasses import replace
+
+    from services.router.policies.pack import PackPolicy
+
+    policy = PackPolicy()
+    ws = workers(3)
+    for w, limit in zip(ws, (2, 2, 0)):
+        w.info = replace(w.info, max_num_seqs=limit)  # p2: an older worker, its limit unknown
+    ws.reverse()  # the order candidates come in does not matter: the worker id does
+    nobody = RouteContext(HASHES, HASHES[0], {}, 4)
+    chosen = []
+    for _ in range(4):
+        choice = policy.choose(ws, nobody)
+        choice.worker.in_flight += 1
+        chosen.append((choice.worker.worker_id, choice.reason))
+    assert chosen == [("p0", "pack"), ("p0", "pack"), ("p1", "pack"), ("p1", "pack")]
+    # Every batch full: the least loaded takes it and queues it (p2 has no request yet).
+    assert (policy.choose(ws, nobody).worker.worker_id, policy.choose(ws, nobody).reason) == ("p2", "load")
+    # Room again on p1: among workers with room, the one holding the conversation wins
+    # over the first in order; a holder without room does not.
+    ws[1].in_flight = 1  # p1 (the list is reversed)
+    ws[2].in_flight = 0  # p0
+    held = RouteContext(HASHES, HASHES[0], {"p1": 3}, 4)
+    assert (policy.choose(ws, held).worker.worker_id, policy.choose(ws, held).reason,
+            policy.choose(ws, held).cached_tokens) == ("p1", "holder", 12)
+    ws[1].in_flight = 2
+    assert policy.choose(ws, held).worker.worker_id == "p0"

@@ -10,7 +10,9 @@ the mesh made 0.58-0.60x the output tokens of one engine using both cores
 A ``CoreShare`` is one slot in a small file every worker of the machine maps (the
 launcher creates it and names each worker's slot): per slot a busy byte and the worker's
 share of cores. Before each step the engine thread marks itself busy and takes its own
-share plus the shares of workers whose slot says idle; after 100 ms without work
+share plus the shares of workers whose slot says idle, as far as busy workers' shares
+leave cores free (with more workers than cores, every share is one core and they add up
+to more than the machine); after 100 ms without work
 (``LEND_AFTER_IDLE_S`` in the async engine) it marks itself idle, so the short gaps of a
 stream of small requests lend nothing.
 A worker that wakes up while a peer runs a step on lent cores waits for that step to end
@@ -84,13 +86,24 @@ class CoreShare:
         self.lent_steps = 0
         """Steps this worker ran on cores its peers lent it (``pdmesh_borrowed_core_steps``)."""
 
-    def _idle_peer_cores(self) -> int:
+    def _lendable_cores(self) -> int:
+        """Cores this worker may borrow: its idle peers' shares, but no more than the
+        machine has beyond the shares of every busy worker (this one included). With more
+        workers than cores the shares add up to more than the machine: 2 prefill + 2
+        decode on 2 cores, one core each, three busy and one idle, and the idle one's core
+        lent on top made three busy workers run four threads on two cores, a two-thread
+        step waiting at each barrier for a thread that had no core (docs/performance.md
+        §33)."""
         data = self._map[:]
-        lent = 0
+        idle = busy = 0
         for at in range(0, len(data), SLOT_BYTES):
-            if at != self._at and not data[at]:
-                lent += data[at + 1]
-        return lent
+            if at == self._at:
+                continue
+            if data[at]:
+                busy += data[at + 1]
+            else:
+                idle += data[at + 1]
+        return max(0, min(idle, self.total - self.share - busy))
 
     def _borrowing_peers(self) -> dict[int, int]:
         """Peer slot -> borrowing mark, for peers running a step on lent cores now."""
@@ -106,7 +119,7 @@ class CoreShare:
         while (peers := self._borrowing_peers()) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         self._stuck.update(peers)  # the same step after a whole wait: do not wait for it again
-        threads = min(self.total, self.share + self._idle_peer_cores())
+        threads = min(self.total, self.share + self._lendable_cores())
         if threads > self.share:
             self.lent_steps += 1
         self._map[self._at + 2] = self.lent_steps % 255 + 1 if threads > self.share else 0

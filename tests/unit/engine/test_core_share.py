@@ -107,3 +107,17 @@ def test_a_step_on_part_of_the_cores_gets_its_share_of_the_prompt_budget(tmp_pat
     assert prefill.prompt_budget(prefill.busy(), 2048) is None  # the peer is idle: every core
     assert decode.prompt_budget(decode.busy(), 2048) == 1024  # its own 2 of 4 cores
     assert decode.prompt_budget(1, 512) == 256  # a floor: too few rows waste the FMA units
+
+
+def test_with_more_workers_than_cores_only_free_cores_are_lent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "cores"
+    create_share_file(path, 4)
+    ws = [CoreShare(path, slot, 1, 2, lambda n: None) for slot in range(4)]  # 2 + 2 on two cores
+    assert ws[0].busy() == 2  # alone: a peer's core is free
+    ws[0].step_done()
+    assert ws[1].busy() == 1  # ws[0] busy: one core left, its own
+    assert ws[2].busy() == 1  # three busy on two cores: nothing to borrow though ws[3] idles
+    assert ws[0].busy() == 1
+    ws[1].idle()
+    ws[2].idle()
+    assert ws[0].busy() == 2

@@ -43,8 +43,7 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
                 assert script(args=call) == 0  # additions only: never stops early
 
         async def lookups(index: PrefixIndex | MirroredIndex) -> list[float]:
-            if isinstance(index, MirroredIndex):
-                await index.mirror.catch_up()
+            await index.catch_up()
             lat = []
             for _ in range(2000 if not args.quick else 200):
                 hashes = rng.choice(chains)[: rng.randrange(1, chain + 1)]
@@ -81,8 +80,7 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
         w.info = WorkerInfo(worker_id=f"prefill-{i}", epoch="e0")
         w.healthy = True
     index = MirroredIndex(redis_url) if mirror else PrefixIndex(redis_url)
-    if isinstance(index, MirroredIndex):
-        await index.mirror.catch_up()
+    await index.catch_up()
     core = RouterCore(cfg, registry, index)
     from pdmesh.sampling_params import SamplingParams
 

@@ -106,6 +106,10 @@ class PrefixIndex:
         """``{(worker_id, epoch): matched leading blocks}``; raises RedisError when unreachable."""
         return by_member(await self.holders_by_depth(hashes))
 
+    async def catch_up(self) -> None:
+        """Nothing to do: every lookup asks Redis (``MirroredIndex.catch_up`` reads its log),
+        so a measurement can ready either kind of index the same way."""
+
     async def close(self) -> None:
         await self.redis.aclose()
 

@@ -290,6 +290,10 @@ class MirroredIndex:
     async def longest_prefix(self, hashes: Sequence[BlockHash]) -> dict[tuple[str, str], int]:
         return by_member(await self.holders_by_depth(hashes))
 
+    async def catch_up(self) -> None:
+        """Bring the mirror to the index as of now (measurements; the router runs ``run``)."""
+        await self.mirror.catch_up()
+
     async def run(self) -> None:
         await self.mirror.run()
 

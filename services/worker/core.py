@@ -56,8 +56,8 @@ class Counters:
     kv_writes_inline: int = 0
     """Decode side: prompts whose KV writes all landed within their writer's call."""
     kv_writes_polled: int = 0
-    """Decode side: the other ``Decode`` calls (a write not inline, none, or a writer that
-    does not say)."""
+    """Decode side: the other prompts told with ``Decode`` or ``Release`` (a write not
+    inline; on ``Decode`` also none written, or a writer that does not say)."""
 
 
 def _transport(name: str, region: KVRegion) -> KVTransport:

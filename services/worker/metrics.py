@@ -19,8 +19,9 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
     blocks = "KV blocks by state"
     tokens = "Prompt tokens by source"
     lookups = "Prefill kvstore lookups: asked, or skipped on the router's index lookup"
-    received = ("Decode calls by how their KV landed: inline (every write within its writer's call) "
-                "or polled (the rest: a write that needed this worker, none, or a writer that does not say)")
+    received = ("Prompts whose KV landing this decode worker was told of (with Decode, or Release when the "
+                "first token ended the request): inline (every write within its writer's call) or polled (the "
+                "rest: a write that needed this worker, none, or a writer that does not say)")
     return [
         ("gauge", "pdmesh_kv_blocks", blocks, s.used, {**role, "state": "used"}),
         ("gauge", "pdmesh_kv_blocks", blocks, s.free, {**role, "state": "free"}),

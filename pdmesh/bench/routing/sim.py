@@ -139,8 +139,7 @@ class Simulation:
             self.redis_url, "kvstore-0", "e0", "sim", client=client)) if spec.kvstore_blocks else None
         if spec.preload_blocks:
             await self._preload()
-        if isinstance(self.index, MirroredIndex):
-            await self.index.mirror.catch_up()  # a router starting: reads the index once
+        await self.index.catch_up()  # a router starting: its mirror reads the index once
         ops_before = await self._redis_ops()
         wall = time.perf_counter()
         starts_rate = self.rate * len(self.traffic.starts) / len(self.traffic.jobs)
@@ -202,10 +201,9 @@ class Simulation:
     async def _arrive(self, job: Job) -> None:
         hashes = self.hasher.hash_tokens(job.tokens)
         candidates = [w.handle for w in self.workers]
-        if isinstance(self.index, MirroredIndex):
-            began = time.perf_counter()
-            await self.index.mirror.catch_up()
-            self.mirror_s += time.perf_counter() - began
+        began = time.perf_counter()
+        await self.index.catch_up()
+        self.mirror_s += time.perf_counter() - began
         began = time.perf_counter()
         decision, _ = await self.router.choose(hashes, hashes[0] if hashes else b"", len(job.tokens), candidates)
         took = time.perf_counter() - began

@@ -16,6 +16,12 @@ from services.router.policies.least_loaded import LeastLoadedPolicy
 from services.router.registry import WorkerHandle
 
 
+def most_held(holders: list[WorkerHandle], held: dict[str, int], block_size: int) -> Decision:
+    """The holder with most of the prompt's leading blocks, then the least loaded."""
+    best = max(holders, key=lambda w: (held[w.worker_id], -w.load))
+    return Decision(best, "holder", held[best.worker_id] * block_size)
+
+
 class HolderPolicy:
     name = "holder"
 
@@ -28,7 +34,4 @@ class HolderPolicy:
         held = ctx.matched or {}
         limit = least.worker.load + self.slack
         holders = [w for w in candidates if held.get(w.worker_id, 0) > 0 and w.load <= limit]
-        if not holders:
-            return least
-        best = max(holders, key=lambda w: (held[w.worker_id], -w.load))
-        return Decision(best, "holder", held[best.worker_id] * ctx.block_size)
+        return most_held(holders, held, ctx.block_size) if holders else least

@@ -18,6 +18,7 @@ known yet (no ``Info`` answered) is treated as full.
 from __future__ import annotations
 
 from services.router.policies.base import Decision, RouteContext
+from services.router.policies.holder import most_held
 from services.router.policies.least_loaded import LeastLoadedPolicy
 from services.router.registry import WorkerHandle
 
@@ -40,6 +41,5 @@ class PackPolicy:
         held = ctx.matched or {}
         holders = [w for w in room if held.get(w.worker_id, 0) > 0]
         if holders:
-            best = max(holders, key=lambda w: (held[w.worker_id], -w.load))
-            return Decision(best, "holder", held[best.worker_id] * ctx.block_size)
+            return most_held(holders, held, ctx.block_size)
         return Decision(min(room, key=lambda w: w.worker_id), "pack")

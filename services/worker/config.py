@@ -34,6 +34,12 @@ class WorkerConfig(EngineArgs, ServerConfig):
     requests do not pay for memory the process touches for the first time
     (``pdmesh/engine/warm_up.py``); -1 = the step's token budget
     (max_num_batched_tokens), 0 = none."""
+    kv_copy_priority: Literal["realtime", "normal"] = "realtime"
+    """realtime: the KV copies this worker starts (a prefill worker's writes to the decode
+    worker and the kvstore; its fetches) run at real-time priority for as long as each copy
+    takes, so the engines' threads cannot preempt them midway (``copy_priority.py``; needs
+    CAP_SYS_NICE or ``ulimit -r 1``, else logged at start-up and run as normal); normal: at
+    the event loop thread's own priority."""
     core_share: str = ""
     """PATH:SLOT of the file where workers that split this machine's cores lend them to
     each other while idle (``pdmesh up`` sets it; needs ``threads``); empty = a fixed

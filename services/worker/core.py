@@ -25,6 +25,7 @@ from pdmesh.engine.warm_up import warm_up
 from pdmesh.errors import IncompatibleWorkerError, TransferFailedError
 from pdmesh.kv.layout import KVLayout
 from pdmesh.kv.transfer.base import KVRegion, KVTransport, PeerLayout
+from pdmesh.kv.transfer.copy_priority import CopyPriority, copy_priority
 from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.kv.transfer.runner import Moved, TransferRunner
 from pdmesh.mesh_types import WorkerInfo
@@ -69,6 +70,14 @@ def _transport(name: str, region: KVRegion) -> KVTransport:
     return transport
 
 
+def _copy_priority(cfg: WorkerConfig, region: KVRegion) -> CopyPriority:
+    priority = copy_priority(cfg.kv_copy_priority)
+    # Between GPUs a copy is the DMA engine's: only host memory is copied by the calling thread.
+    loud = cfg.kv_copy_priority == "realtime" and not priority.realtime and region.mem_type == "DRAM"
+    logging.getLogger(__name__).log(logging.WARNING if loud else logging.INFO, priority.detail)
+    return priority
+
+
 def _warmed(engine: LLMEngine, tokens: int) -> LLMEngine:
     done = warm_up(engine, tokens)
     if done is not None:
@@ -102,8 +111,9 @@ class WorkerCore:
         self.aeng = AsyncLLMEngine(self.engine)
         if cfg.core_share:
             self.aeng.core_share = _core_share(cfg)
-        self.transport = _transport(self.worker_id, KVRegion.of_tensor(self.engine.runner.kv_cache))
-        self.transfers = TransferRunner(self.transport)
+        region = KVRegion.of_tensor(self.engine.runner.kv_cache)
+        self.transport = _transport(self.worker_id, region)
+        self.transfers = TransferRunner(self.transport, _copy_priority(cfg, region))
         self._connects: SingleFlight[None] = SingleFlight()
         """One NIXL connection attempt per peer at a time (``ensure_peer``)."""
         self.dtype_name = str(self.engine.dtype).split(".")[-1]

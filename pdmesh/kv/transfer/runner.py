@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pdmesh.errors import TransferFailedError
 from pdmesh.kv.transfer.base import KVTransport, TransferState
+from pdmesh.kv.transfer.copy_priority import CopyPriority
 from pdmesh.kv.transfer.poller import TransferPoller, poll_state
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,12 @@ class Moved:
 
 
 class TransferRunner:
-    def __init__(self, transport: KVTransport) -> None:
+    def __init__(self, transport: KVTransport, priority: CopyPriority | None = None) -> None:
+        """``priority``: what a transfer's start and first poll run at on the thread that
+        starts it (between processes on one host the start copies the data itself;
+        ``copy_priority.py``); None: that thread's own."""
         self.transport = transport
+        self.priority = priority or CopyPriority(False, "KV copies at the thread's own priority")
         self.poller = TransferPoller(transport)
         self.writing = BusyClock()
         self._in_flight: dict[str, int] = {}
@@ -89,11 +94,20 @@ class TransferRunner:
         return await self._run(peer, lambda: self.transport.read(peer, local, remote),
                                len(local), timeout, "read")
 
+    def _begin(self, start: Callable[[], object], what: str) -> tuple[object, TransferState, float]:
+        """Start a transfer and poll it once, at ``priority``. Polled here first: over
+        shared memory a write is usually DONE already (UCX's ``cma`` copies within the
+        call), and the poller thread would add its wait for a core and the GIL on a busy
+        worker (under load 2-7 ms p50-p90 for 4 MiB writes started in 0.6 ms;
+        docs/performance.md section 15). Returns when that poll saw the state."""
+        handle = start()
+        return handle, poll_state(self.transport, handle, what), time.perf_counter()
+
     async def _run(self, peer: str, start: Callable[[], object], blocks: int, timeout: float,
                    what: str, clock: BusyClock | None = None) -> Moved:
         started = time.perf_counter()
         try:
-            handle = start()
+            handle, state, polled_at = self.priority.call(self._begin, start, f"{what} with {peer}")
         except Exception as exc:
             self._failed(peer)
             raise TransferFailedError(f"KV {what} with {peer} could not start: {exc}") from exc
@@ -104,11 +118,6 @@ class TransferRunner:
         if clock is not None:
             clock.start(started)
         try:
-            # Polled once on this thread first: over shared memory a write is usually DONE
-            # already (UCX's ``cma`` copies within the call), and the poller thread would
-            # add its wait for a core and the GIL on a busy worker (under load 2-7 ms p50-p90
-            # for 4 MiB writes started in 0.6 ms; docs/performance.md section 15).
-            state = poll_state(self.transport, handle, f"{what} with {peer}")
             if state is TransferState.PENDING:
                 try:
                     state, done_at = await asyncio.wait_for(
@@ -119,7 +128,7 @@ class TransferRunner:
                     ) from None
                 inline = False
             else:
-                done_at = time.perf_counter()
+                done_at = polled_at
                 inline = True
             failed = state is TransferState.FAILED
             if failed:

@@ -6,7 +6,9 @@ Two ceilings: the same blocks rewritten every time (both ends stay in the CPU's 
 the best any write can do), and every write from and to blocks not touched since the
 pools were made, as a mesh writes a new request's blocks into a fresh reservation. On a
 Zen 5 EPYC, 16-block (4 MiB) writes ran at 11.7-12.3 GiB/s the first way and 6.4-6.7 GiB/s
-the second (``pdmesh bench mesh --sections kv``; docs/performance.md section 19)."""
+the second (``pdmesh bench mesh --sections kv``; docs/performance.md section 19). Both
+pools are made as the workers make theirs (``engine/kv_pool.py``: huge pages where the host
+allows), so the ceiling is for the same kind of memory as the mesh's writes."""
 
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst", 
     decode worker's await rate by default) until ``conn`` says stop."""
     import torch
 
+    from pdmesh.engine.kv_pool import kv_pool
     from pdmesh.kv.transfer.base import KVRegion
     from pdmesh.kv.transfer.nixl import NixlTransport
     from pdmesh.kv.transfer.poller import AWAIT_INTERVAL_S
 
-    pool = torch.zeros(blocks, block_bytes // 4)  # registered: must outlive the agent
+    pool, _ = kv_pool((blocks, block_bytes // 4), torch.float32, torch.device("cpu"))  # outlives the agent
     t = NixlTransport(name, KVRegion.of_tensor(pool))
     conn.send((t.metadata(), t.base_addr))
     while not conn.poll(AWAIT_INTERVAL_S if interval is None else interval):
@@ -105,12 +108,14 @@ def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
     write touched (pools of ``FRESH_WRITES`` writes' blocks), else the same blocks each time."""
     import torch
 
+    from pdmesh.engine.kv_pool import kv_pool
     from pdmesh.kv.transfer.base import KVRegion, PeerLayout
     from pdmesh.kv.transfer.nixl import NixlTransport
 
     rounds = FRESH_WRITES if fresh else 20
     pool_blocks = blocks * (rounds + 1) if fresh else blocks
-    pool = torch.randn(pool_blocks, block_bytes // 4)  # registered: must outlive the agent
+    pool, _ = kv_pool((pool_blocks, block_bytes // 4), torch.float32, torch.device("cpu"))  # outlives the agent
+    pool.normal_()
     seconds = 0.0
     with raw_target(block_bytes, pool_blocks) as (meta, base):
         src = NixlTransport("raw-src", KVRegion.of_tensor(pool))

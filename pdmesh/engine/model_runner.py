@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq
+from pdmesh.engine.kv_pool import kv_pool
 from pdmesh.engine.scheduler import ScheduledSeq, SchedulerOutput
 from pdmesh.kv.kv_cache_manager import KVCacheManager
 from pdmesh.kv.layout import KVLayout
@@ -67,7 +68,7 @@ class ModelRunner:
             model.use_linear_plan(always_onednn=mode == "always")
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
-        self.kv_cache = torch.zeros((num_blocks, *layout.block_shape), dtype=dtype, device=self.device)
+        self.kv_cache, self.kv_pages = kv_pool((num_blocks, *layout.block_shape), dtype, self.device)
 
     def prepare(self, out: SchedulerOutput) -> PreparedStep:
         """Everything read from the block tables; needs the engine lock."""

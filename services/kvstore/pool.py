@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pdmesh.huge_pages import host_pool
 from pdmesh.kv.layout import KVLayout, resolve_dtype_name
 from pdmesh.kv.transfer.base import KVRegion
 from pdmesh.kv.transfer.nixl import NixlTransport
@@ -28,8 +29,10 @@ class StorePool:
         self.layout = KVLayout.for_model(mc, cfg.block_size, resolve_dtype_name(cfg.dtype, mc))
         capacity = max(1, int(cfg.memory_gb * 2**30) // self.layout.block_bytes)
         self.epoch = uuid.uuid4().hex[:12]
-        self.buffer = np.zeros(capacity * self.layout.block_bytes, dtype=np.uint8)
+        pool = host_pool(capacity * self.layout.block_bytes)
+        self.buffer = np.frombuffer(pool.buffer, dtype=np.uint8, count=pool.nbytes, offset=pool.offset)
         """Owned here for the life of the process: NIXL holds its address."""
+        self.pages = pool.detail
         self.transport = NixlTransport(
             cfg.worker_id, KVRegion(int(self.buffer.ctypes.data), capacity, self.layout.block_bytes)
         )

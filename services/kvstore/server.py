@@ -57,7 +57,8 @@ async def serve(cfg: KVStoreConfig) -> None:
     freeze_startup_objects()
     write_port_file(cfg.port_file, port)
     await set_serving(health_servicer, NAMES, True)
-    print(f"pdmesh kvstore {cfg.worker_id} ready on {address} ({pool.store.capacity} blocks)", flush=True)
+    print(f"pdmesh kvstore {cfg.worker_id} ready on {address} ({pool.store.capacity} blocks, {pool.pages})",
+          flush=True)
 
     async def stop() -> None:
         await cancel_all(tasks)

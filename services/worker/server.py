@@ -62,8 +62,9 @@ async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
     write_port_file(cfg.port_file, core.port)
     await set_serving(ws.health, names, True)
     log.info("%s worker %s serving on %s", cfg.role, core.worker_id, core.address)
-    log.info("process: %d torch threads; %s", torch.get_num_threads(),
-             core.engine.allocator.detail if core.engine.allocator else "allocator: not tuned (not a CPU engine)")
+    log.info("process: %d torch threads; %s; %s", torch.get_num_threads(),
+             core.engine.allocator.detail if core.engine.allocator else "allocator: not tuned (not a CPU engine)",
+             core.engine.runner.kv_pages)
     print(f"pdmesh {cfg.role} {core.worker_id} ready on {core.address}", flush=True)
 
     leave = None

@@ -81,6 +81,10 @@ class IndexMirror:
         self._read = False
         self.entries = 0
         """Log entries applied."""
+        self.lag_s = 0.0
+        """How long the last entry applied had been in the log, by Redis's clock (an entry's
+        id is the millisecond Redis appended it) against this host's; 0 once a read finds
+        nothing new. A mirror that falls behind a burst of changes shows it here."""
 
     # -- reading ---------------------------------------------------------------------
     def usable(self) -> bool:
@@ -176,6 +180,8 @@ class IndexMirror:
         this mirror read them) unsyncs it."""
         got = await self.redis.xread({keys.LOG_KEY: self._last_id}, count=256, block=block_ms)
         self.heard_at = time.monotonic()
+        if not got:
+            self.lag_s = 0.0
         done = 0
         for _, entries in got:
             for entry_id, fields in entries:
@@ -188,6 +194,7 @@ class IndexMirror:
                 done += self._apply(sys.intern(fields[b"m"].decode()), fields[b"o"])
                 self._last_id, self._seq = entry_id, n
                 self.entries += 1
+                self.lag_s = max(0.0, time.time() - int(entry_id.split(b"-", 1)[0]) / 1000)
                 if done >= self.slice_ops:
                     await asyncio.sleep(0)
                     done = 0

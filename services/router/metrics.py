@@ -51,6 +51,8 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
             ("gauge", "pdmesh_index_mirror_current", "1 while the router's mirror of the index is current",
              1.0 if mirror.usable() else 0.0, {}),
             ("gauge", "pdmesh_index_mirror_blocks", "Blocks in the router's mirror of the index", len(mirror), {}),
+            ("gauge", "pdmesh_index_mirror_lag_seconds", "How long the last index change the mirror applied had "
+             "been in the log (Redis's clock against this host's; 0 once it has read everything)", mirror.lag_s, {}),
             ("counter", "pdmesh_index_mirror_resyncs", "Times the mirror read the whole index again (a gap in "
              "the log, Redis lost)", mirror.resyncs, {}),
         ]

@@ -113,6 +113,26 @@ def test_a_clear_cut_into_calls_reaches_the_mirror_whole(redis_url: str) -> None
     asyncio.run(main())
 
 
+def test_the_mirror_says_how_far_behind_the_log_it_applied_a_change(redis_url: str) -> None:
+    """A change read 0.4 s after Redis logged it is 0.4 s behind; a read that finds nothing
+    new puts the lag back to 0 (``pdmesh_index_mirror_lag_seconds``)."""
+    chain = BlockHasher(16).hash_tokens(list(range(16 * 4)))
+
+    async def main() -> None:
+        pub = IndexPublisher(redis_url, "lag", "e1", "x:lag")
+        mirror = IndexMirror(redis_url)
+        await mirror.catch_up()
+        await pub.snapshot(chain)
+        await asyncio.sleep(0.4)
+        assert await mirror.follow(None) == 1
+        assert 0.35 <= mirror.lag_s < 5.0
+        assert await mirror.follow(10) == 0
+        assert mirror.lag_s == 0.0
+        await mirror.close()
+
+    asyncio.run(main())
+
+
 def test_a_mirror_that_missed_log_entries_reads_the_index_again(redis_url: str) -> None:
     """Entries trimmed before the mirror read them (a router further behind than the log
     keeps) show as a gap in their numbers: the mirror reads the whole index again."""

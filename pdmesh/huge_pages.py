@@ -8,8 +8,9 @@ with both pools on 2 MiB pages against 7.7-7.9 GiB/s on 4 KiB pages, and 5.4-5.5
 ``madvise`` mode, so a pool gets huge pages only when it asks for them.
 
 The pool is an anonymous mapping 2 MiB larger than asked, so that a 2 MiB-aligned start
-exists in it; that part is advised ``MADV_HUGEPAGE`` and then touched page by page, so
-serving never faults a page in (and the kernel hands out huge pages at that first touch).
+exists in it; that part is advised ``MADV_HUGEPAGE`` and, for a worker's pool, touched page
+by page, so serving never faults a page in (the kernel hands out huge pages at that first
+touch; the kvstore's pool faults in as it is used, 2 MiB at a time).
 Where the host has THP off, or the call is refused, the pool is the same mapping on
 ordinary pages and ``detail`` says why. Torch-free: the kvstore wraps it in numpy, workers
 in torch.
@@ -61,8 +62,10 @@ def _advise(address: int, nbytes: int) -> str:
     return ""
 
 
-def host_pool(nbytes: int) -> HostPool:
-    """Zeroed host memory for a pool of ``nbytes``, touched before it is returned."""
+def host_pool(nbytes: int, touch: bool = True) -> HostPool:
+    """Zeroed host memory for a pool of ``nbytes``; ``touch``: every page faulted in before
+    it is returned (a worker's pool, which it fills at once), else at first use (the
+    kvstore's, sized to the host's spare memory, used as blocks are offloaded to it)."""
     if nbytes <= 0:
         raise ValueError(f"a pool needs a positive size, not {nbytes} bytes")
     buffer = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -78,7 +81,8 @@ def host_pool(nbytes: int) -> HostPool:
     else:
         huge = False
         detail = "on 4 KiB pages: " + (f"THP is {mode} on this host" if mode else "no transparent huge pages here")
-    _touch(buffer, offset, nbytes)
+    if touch:
+        _touch(buffer, offset, nbytes)
     return HostPool(buffer, offset, nbytes, huge, detail)
 
 

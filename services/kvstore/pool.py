@@ -29,7 +29,7 @@ class StorePool:
         self.layout = KVLayout.for_model(mc, cfg.block_size, resolve_dtype_name(cfg.dtype, mc))
         capacity = max(1, int(cfg.memory_gb * 2**30) // self.layout.block_bytes)
         self.epoch = uuid.uuid4().hex[:12]
-        pool = host_pool(capacity * self.layout.block_bytes)
+        pool = host_pool(capacity * self.layout.block_bytes, touch=False)
         self.buffer = np.frombuffer(pool.buffer, dtype=np.uint8, count=pool.nbytes, offset=pool.offset)
         """Owned here for the life of the process: NIXL holds its address."""
         self.pages = pool.detail

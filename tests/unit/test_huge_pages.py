@@ -60,3 +60,11 @@ def test_a_host_with_thp_off_gets_ordinary_pages_and_is_told(tmp_path, monkeypat
     assert pool.detail == "on 4 KiB pages: THP is never on this host"
     data = np.frombuffer(pool.buffer, dtype=np.uint8, count=pool.nbytes, offset=pool.offset)
     assert not data.any()
+
+
+def test_an_untouched_pool_is_mapped_but_not_resident() -> None:
+    """The kvstore's pool: zero, and faulted in only as it is used."""
+    pool = host_pool(8 * HUGE_PAGE, touch=False)
+    data = np.frombuffer(pool.buffer, dtype=np.uint8, count=pool.nbytes, offset=pool.offset)
+    assert _mapping_kib(data.ctypes.data, "Rss") * 1024 < pool.nbytes
+    assert not data[::4096].any()

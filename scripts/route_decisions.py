@@ -29,7 +29,7 @@ import time
 
 from pdmesh.bench.stats import pct
 from pdmesh.index.lookup import PrefixIndex
-from pdmesh.index.mirror import MirroredIndex
+from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.events import BlockRemoved, BlockStored

@@ -20,7 +20,7 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
 
     from pdmesh.index import keys
     from pdmesh.index.lookup import PrefixIndex
-    from pdmesh.index.mirror import MirroredIndex
+    from pdmesh.index.mirrored_index import MirroredIndex
     from pdmesh.index.update import UPDATE, IndexUpdate
     from pdmesh.kv.block_hash import BlockHasher
 
@@ -69,7 +69,7 @@ def bench_index(args: argparse.Namespace, rows: list[Row], rng: random.Random) -
 async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int, rng: random.Random,
                                 mirror: bool) -> float:
     from pdmesh.index.lookup import PrefixIndex
-    from pdmesh.index.mirror import MirroredIndex
+    from pdmesh.index.mirrored_index import MirroredIndex
     from services.router.config import RouterConfig
     from services.router.core import RouterCore
     from services.router.registry import Registry

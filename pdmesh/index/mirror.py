@@ -11,7 +11,7 @@ walk then runs in the router's memory, in microseconds.
 Redis stays the index's one source of truth: several routers keep their own mirrors, a
 restarted router reads it again, and a router whose mirror is not current (starting,
 behind the log's retention, cut off from Redis) asks Redis as before
-(``MirroredIndex``), counted per source.
+(``mirrored_index.py``), counted per source.
 
 Memory: blocks holding the same members share one member set, named by a number (one
 for every block of a worker's private chain, one for a system prompt's blocks every
@@ -30,14 +30,12 @@ import binascii
 import logging
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pdmesh.index import keys
-from pdmesh.index.lookup import PrefixIndex, by_member
 from pdmesh.kv.block_hash import BlockHash
 
 log = logging.getLogger(__name__)
@@ -277,33 +275,3 @@ class IndexMirror:
     async def close(self) -> None:
         await self.redis.aclose()
 
-
-class MirroredIndex:
-    """The router's index: its mirror while current, Redis otherwise (both counted in
-    ``lookups``, by source)."""
-
-    def __init__(self, url: str) -> None:
-        self.mirror = IndexMirror(url)
-        self.redis = PrefixIndex(url)
-        self.lookups: Counter[str] = Counter()
-
-    async def holders_by_depth(self, hashes: Sequence[BlockHash]) -> list[tuple[int, list[str]]]:
-        if self.mirror.usable():
-            self.lookups["mirror"] += 1
-            return self.mirror.holders_by_depth(hashes)
-        self.lookups["redis"] += 1
-        return await self.redis.holders_by_depth(hashes)
-
-    async def longest_prefix(self, hashes: Sequence[BlockHash]) -> dict[tuple[str, str], int]:
-        return by_member(await self.holders_by_depth(hashes))
-
-    async def catch_up(self) -> None:
-        """Bring the mirror to the index as of now (measurements; the router runs ``run``)."""
-        await self.mirror.catch_up()
-
-    async def run(self) -> None:
-        await self.mirror.run()
-
-    async def close(self) -> None:
-        await self.mirror.close()
-        await self.redis.close()

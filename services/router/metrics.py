@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from pdmesh.index.mirror import MirroredIndex
+from pdmesh.index.mirrored_index import MirroredIndex
 
 if TYPE_CHECKING:
     from services.router.core import RouterCore

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pdmesh.index import keys
-from pdmesh.index.mirror import MirroredIndex
+from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.kv.block_hash import BlockHash
 from services.router.policies import Decision, Policy, RouteContext
 from services.router.recent import RecentRoutes

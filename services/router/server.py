@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health
 
 from pdmesh.index.lookup import PrefixIndex
-from pdmesh.index.mirror import MirroredIndex
+from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.rpc.auth import BearerTokenInterceptor
 from pdmesh.rpc.process import advertised, cancel_all, freeze_startup_objects, write_port_file
 from pdmesh.rpc.server import create_server as create_grpc_server

@@ -16,7 +16,8 @@ from redis.exceptions import RedisError
 
 from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
-from pdmesh.index.mirror import IndexMirror, MirroredIndex
+from pdmesh.index.mirror import IndexMirror
+from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.index.update import IndexUpdate, resumed
 from pdmesh.kv.block_hash import BlockHasher

@@ -34,7 +34,7 @@ from pdmesh.bench.routing.traffic import Job, Traffic
 from pdmesh.bench.routing.workers import LRUBlocks, Served, SimWorker
 from pdmesh.index import keys
 from pdmesh.index.lookup import PrefixIndex
-from pdmesh.index.mirror import MirroredIndex
+from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.index.publisher import IndexPublisher
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.events import BlockStored

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pdmesh.errors import TransferFailedError
 from pdmesh.kv.transfer.base import KVTransport, TransferState
-from pdmesh.kv.transfer.copy_priority import CopyPriority
+from pdmesh.kv.transfer.copy_priority import CopyPriority, copy_priority
 from pdmesh.kv.transfer.poller import TransferPoller, poll_state
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class TransferRunner:
         starts it (between processes on one host the start copies the data itself;
         ``copy_priority.py``); None: that thread's own."""
         self.transport = transport
-        self.priority = priority or CopyPriority(False, "KV copies at the thread's own priority")
+        self.priority = priority or copy_priority("normal")
         self.poller = TransferPoller(transport)
         self.writing = BusyClock()
         self._in_flight: dict[str, int] = {}

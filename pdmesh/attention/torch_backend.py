@@ -19,6 +19,10 @@ from pdmesh.attention.backend import AttentionMetadata
 class TorchAttentionBackend:
     """The reference backend; ``kv_layer`` is [num_blocks, 2, block_size, kv_heads, head_dim]."""
 
+    attends_sampled_rows = False
+    """A chunk without a cached prefix attends with ``is_causal`` as Hugging Face does; its
+    last row alone would go through the masked path instead, a different SDPA kernel."""
+
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self._device = torch.device(device)
         self._buffers: dict[str, torch.Tensor] = {}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq
+from pdmesh.attention.sampled_rows import SampledRows, sampled_rows
 from pdmesh.engine.kv_pool import kv_pool
 from pdmesh.engine.scheduler import ScheduledSeq, SchedulerOutput
 from pdmesh.kv.kv_cache_manager import KVCacheManager
@@ -43,6 +44,8 @@ class PreparedStep:
     logits_idx: torch.Tensor
     sampling: list[Sequence]
     drafts: list[list[int]]
+    last: SampledRows | None = None
+    """The last layer's rows where it computes fewer than all (``sampled_rows``)."""
 
 
 class ModelRunner:
@@ -75,12 +78,15 @@ class ModelRunner:
         for copy in out.copies:
             self.kv_cache[copy.dst] = self.kv_cache[copy.src]
         items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1 and not s.spec)
-        return PreparedStep(*self._prepare(items))
+        step = PreparedStep(*self._prepare(items))
+        if self.backend.attends_sampled_rows and step.meta.prefills:
+            step.last = sampled_rows(step.meta, step.logits_idx.tolist(), len(step.input_ids))
+        return step
 
     def forward(self, step: PreparedStep) -> StepResult:
         """The model itself; touches only the blocks of scheduled sequences (no lock needed)."""
         logits = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend,
-                            step.logits_idx)
+                            step.logits_idx, step.last)
         return StepResult(logits, step.sampling, step.drafts)
 
     def _prepare(

@@ -2,7 +2,8 @@
 
 Inputs are flattened across the batch ([T] token ids and positions); the attention backend
 writes each layer's K/V into the paged pool and attends over every sequence's context.
-Only the rows that sample (``logits_indices``) go through the LM head.
+Only the rows that sample (``logits_indices``) go through the LM head, and, given a
+``SampledRows``, through the last layer past its KV write.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
+from pdmesh.attention.sampled_rows import SampledRows
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model import linear_plan, onednn
 from pdmesh.model.config import ModelConfig
@@ -55,7 +57,10 @@ class Attention(nn.Module):
         kv_layer: torch.Tensor,
         meta: AttentionMetadata,
         backend: AttentionBackend,
+        last: SampledRows | None = None,
     ) -> torch.Tensor:
+        """The attention output of every row, or of ``last.rows`` alone (every row's K/V
+        written all the same)."""
         t = x.shape[0]
         q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
@@ -67,6 +72,9 @@ class Attention(nn.Module):
         q = apply_rope_(self.kernels, q, cos, sin)
         k = apply_rope_(self.kernels, k, cos, sin)
         backend.write_kv(kv_layer, k, v, meta)
+        if last is not None:
+            q, k, v, meta = q[last.rows], k[last.rows], v[last.rows], last.meta
+            t = q.shape[0]
         out = backend.attend(q, k, v, kv_layer, meta, self.scale)
         return self.o(out.reshape(t, self.q_size))
 
@@ -79,8 +87,10 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(self, h, cos, sin, kv_layer, meta, backend):  # type: ignore[no-untyped-def]
-        h = h + self.attn(self.input_norm(h), cos, sin, kv_layer, meta, backend)
+    def forward(self, h, cos, sin, kv_layer, meta, backend, last=None):  # type: ignore[no-untyped-def]
+        """The next hidden states of every row, or of ``last.rows`` alone."""
+        a = self.attn(self.input_norm(h), cos, sin, kv_layer, meta, backend, last)
+        h = (h if last is None else h[last.rows]) + a
         return h + self.mlp(self.post_attn_norm(h))
 
 
@@ -173,13 +183,16 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
         backend: AttentionBackend,
         logits_indices: torch.Tensor,
+        last: SampledRows | None = None,
     ) -> torch.Tensor:
-        """Float32 logits [len(logits_indices), vocab] for the sampling rows."""
+        """Float32 logits [len(logits_indices), vocab] for the sampling rows; with ``last``
+        (the same rows' share of the step), the last layer computes only its rows."""
         h = self.embed(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
+        final = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, kv_cache[:, i], meta, backend)
-        h = self.norm(h[logits_indices])
+            h = layer(h, cos, sin, kv_cache[:, i], meta, backend, last if i == final else None)
+        h = self.norm(h[logits_indices if last is None else last.logits_indices])
         return linear(h, self._head_weight(), None, self.few_rows, self.head_packed, self.plan).float()
 
     # -- weights ----------------------------------------------------------------------

@@ -1,0 +1,48 @@
+"""Where a prefill's time goes, op by op: 32 prompts of 512 random tokens through the engine
+(one token out each, as the prefill worker computes them), after a warm-up round, under
+cProfile. A C++ kernel or torch op counts whole; ``torch._C._nn.linear`` and oneDNN's calls
+are the linear products, ``paged_prefill_`` the attention. docs/performance.md, section 36.
+
+    .venv/bin/python scripts/prefill_step_costs.py [MODEL]   # default .cache/models/small-llama
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import random
+import sys
+import time
+
+from pdmesh.config import EngineArgs
+from pdmesh.engine.llm_engine import LLMEngine
+from pdmesh.sampling_params import SamplingParams
+
+PROMPTS, PROMPT_LEN = 32, 512
+
+
+def main(model: str) -> None:
+    engine = LLMEngine(EngineArgs(model=model, dtype="float32", num_blocks=4096).engine_config())
+    vocab, rng = engine.model_config.vocab_size, random.Random(0)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, output_kind="final_only")
+
+    def prefill(tag: str) -> float:
+        for i in range(PROMPTS):
+            engine.add_request(f"{tag}{i}", [rng.randrange(10, vocab - 10) for _ in range(PROMPT_LEN)], one)
+        start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.pool.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    prefill("warm-up")
+    profile = cProfile.Profile()
+    profile.enable()
+    seconds = prefill("timed")
+    profile.disable()
+    print(f"prefill {PROMPTS} x {PROMPT_LEN}: {seconds:.2f} s ({PROMPTS * PROMPT_LEN / seconds:.0f} tok/s)")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else ".cache/models/small-llama")

@@ -90,10 +90,10 @@ def main() -> None:
     cut = flops_per_token(config, PROMPT_LEN, last_layer_cut=True)
     print(f"model work: {work / 1e6:.1f} MFLOP per prompt token at {PROMPT_LEN}-token prompts "
           f"(pdmesh's, the last layer cut: {cut / 1e6:.1f})")
-    for name, seconds, work in (("pdmesh", min(ours), cut), ("transformers", min(theirs), work)):
+    for name, seconds, flops in (("pdmesh", min(ours), cut), ("transformers", min(theirs), work)):
         rate = tokens / seconds
         print(f"{name:12s} prefill {PROMPTS} x {PROMPT_LEN}: {rate:7.0f} tok/s = "
-              f"{rate * work / 1e9:6.1f} GFLOP/s = {rate * work / 1e9 / peak:.0%} of the GEMM rate")
+              f"{rate * flops / 1e9:6.1f} GFLOP/s = {rate * flops / 1e9 / peak:.0%} of the GEMM rate")
     target = 1.5 * tokens / min(theirs)
     print(f"1.5x transformers: {target:.0f} tok/s = {target * cut / 1e9:.1f} GFLOP/s of pdmesh's work = "
           f"{target * cut / 1e9 / peak:.0%} of the GEMM rate (pdmesh now {min(theirs) / min(ours):.2f}x)")

@@ -21,7 +21,8 @@ from pdmesh.attention.torch_backend import TorchAttentionBackend
 class CPUAttentionBackend(TorchAttentionBackend):
     attends_sampled_rows = True
     """The fused prefill kernel computes each query row over the pool alone, whatever the
-    chunk's other rows; the torch fallback for other dtypes is exact for a suffix too."""
+    chunk's other rows; the torch fallback (other dtypes) attends a suffix through its
+    masked path, over the same pool."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         if torch.device(device).type != "cpu":

@@ -5,9 +5,10 @@ layer only the rows that sample reach the LM head. So the last layer writes ever
 K/V into the pool, as every layer does, and then runs attention, its output product, the
 MLP and the norms for the sampling rows alone: most of one layer's work less for every
 prompt token but the last (11% of a 512-token prefill for the default 8-layer model, a
-little under 1/L for an L-layer one; docs/performance.md section 36). The rows kept are every decode row and, of each
-prefill chunk, the suffix from its first sampling row: a suffix of a chunk is itself a
-chunk over a cached prefix, whose keys and values the pool already holds."""
+little under 1/L for an L-layer one; docs/performance.md section 36). The rows kept are
+every decode row and, of each prefill chunk, the suffix from its first sampling row: a
+suffix of a chunk is itself a chunk over a cached prefix, whose keys and values the pool
+already holds."""
 
 from __future__ import annotations
 
@@ -36,33 +37,33 @@ def sampled_rows(meta: AttentionMetadata, logits_indices: list[int], num_rows: i
     """The last layer's rows for a step of ``num_rows`` flattened rows whose sampling rows
     are ``logits_indices``; None where every row would be kept (a step of decode rows alone)."""
     nd = meta.num_decodes
-    keep = list(range(nd))
+    rows = list(range(nd))
     sampling = sorted(logits_indices)
-    kept: list[int] = []
     chunks: list[PrefillSeq] = []
+    chunk_ids: list[int] = []
     for i, p in enumerate(meta.prefills):
         end = p.q_start + p.q_len
         at = bisect.bisect_left(sampling, p.q_start)
         if at == len(sampling) or sampling[at] >= end:
             continue  # a chunk in mid-prompt: nothing of it samples
         first = sampling[at]
-        chunks.append(PrefillSeq(len(keep), end - first, p.ctx_len, p.block_ids))
-        kept.append(i)
-        keep.extend(range(first, end))
-    if len(keep) == num_rows:
+        chunks.append(PrefillSeq(len(rows), end - first, p.ctx_len, p.block_ids))
+        chunk_ids.append(i)
+        rows.extend(range(first, end))
+    if len(rows) == num_rows:
         return None
     dev = meta.slot_blocks.device
-    rows = torch.tensor(keep, dtype=torch.long, device=dev)
-    place = {r: i for i, r in enumerate(keep)}
+    kept = torch.tensor(rows, dtype=torch.long, device=dev)
+    place = {r: i for i, r in enumerate(rows)}
     sub = AttentionMetadata(
         num_decodes=nd,
-        slot_blocks=meta.slot_blocks[rows],
-        slot_offsets=meta.slot_offsets[rows],
+        slot_blocks=meta.slot_blocks[kept],
+        slot_offsets=meta.slot_offsets[kept],
         decode_block_tables=meta.decode_block_tables,
         decode_seq_lens=meta.decode_seq_lens,
         prefills=tuple(chunks),
     )
     if chunks and meta.prefill_tables is not None:
-        sub.prefill_tables = meta.prefill_tables[kept]
+        sub.prefill_tables = meta.prefill_tables[chunk_ids]
         sub.prefill_spans = torch.tensor([(c.q_start, c.q_len, c.ctx_len) for c in chunks], device=dev)
-    return SampledRows(rows, sub, torch.tensor([place[r] for r in logits_indices], dtype=torch.long, device=dev))
+    return SampledRows(kept, sub, torch.tensor([place[r] for r in logits_indices], dtype=torch.long, device=dev))

@@ -78,10 +78,7 @@ class ModelRunner:
         for copy in out.copies:
             self.kv_cache[copy.dst] = self.kv_cache[copy.src]
         items = sorted(out.scheduled, key=lambda s: s.num_new_tokens != 1 and not s.spec)
-        step = PreparedStep(*self._prepare(items))
-        if self.backend.attends_sampled_rows and step.meta.prefills:
-            step.last = sampled_rows(step.meta, step.logits_idx.tolist(), len(step.input_ids))
-        return step
+        return self._prepare(items)
 
     def forward(self, step: PreparedStep) -> StepResult:
         """The model itself; touches only the blocks of scheduled sequences (no lock needed)."""
@@ -89,10 +86,7 @@ class ModelRunner:
                             step.logits_idx, step.last)
         return StepResult(logits, step.sampling, step.drafts)
 
-    def _prepare(
-        self, items: list[ScheduledSeq]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Sequence],
-               list[list[int]]]:
+    def _prepare(self, items: list[ScheduledSeq]) -> PreparedStep:
         bs = self.block_size
         dev = self.device
         ids: list[int] = []
@@ -141,14 +135,10 @@ class ModelRunner:
             meta.prefill_spans = torch.tensor(prefill_spans, device=dev)
             meta.prefills = tuple(PrefillSeq(q_start, n, ctx, tables[i, : len(used)])  # rows: no tensor each
                                   for i, ((q_start, n, ctx), used) in enumerate(zip(prefill_spans, prefill_tables)))
-        return (
-            torch.tensor(ids, device=dev),
-            positions,
-            meta,
-            torch.tensor(logits_idx, dtype=torch.long, device=dev),
-            sampling,
-            drafts,
-        )
+        cut = self.backend.attends_sampled_rows and prefill_spans
+        last = sampled_rows(meta, logits_idx, len(ids)) if cut else None
+        return PreparedStep(torch.tensor(ids, device=dev), positions, meta,
+                            torch.tensor(logits_idx, dtype=torch.long, device=dev), sampling, drafts, last)
 
 
 def _padded(tables: list[list[int]], dev: torch.device | str) -> torch.Tensor:

@@ -15,6 +15,8 @@ from pdmesh.attention.cpu_kernels import load
 
 KERNELS = load()
 TICK_S = 0.0005
+WORK_DEADLINE_S = 60.0
+"""The work measured takes well under a second; still running after this, it is stuck."""
 
 
 def _longest_gap_while(work: Callable[[], None]) -> tuple[float, float]:
@@ -32,8 +34,9 @@ def _longest_gap_while(work: Callable[[], None]) -> tuple[float, float]:
         took[0] = time.perf_counter() - t0
         done.set()
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     last = time.perf_counter()
+    deadline = last + WORK_DEADLINE_S
     longest = 0.0
     thread.start()
     while not done.is_set():
@@ -41,7 +44,8 @@ def _longest_gap_while(work: Callable[[], None]) -> tuple[float, float]:
         now = time.perf_counter()
         longest = max(longest, now - last)
         last = now
-    thread.join()
+        assert now < deadline, f"the work measured was still running after {WORK_DEADLINE_S:.0f}s"
+    thread.join(WORK_DEADLINE_S)
     return longest, took[0]
 
 

@@ -12,6 +12,7 @@ import torch
 from pdmesh import LLM
 from pdmesh.attention.backend import AttentionMetadata, PrefillSeq
 from pdmesh.attention.sampled_rows import sampled_rows
+from pdmesh.engine.model_runner import _padded
 
 
 def _meta(decodes: list[tuple[list[int], int]], chunks: list[tuple[list[int], int, int]], bs: int) -> AttentionMetadata:
@@ -28,15 +29,13 @@ def _meta(decodes: list[tuple[list[int], int]], chunks: list[tuple[list[int], in
         tables.append(table)
         slots.extend(table[p // bs] for p in range(start, start + n))
         pos.extend(range(start, start + n))
-    width = max(len(t) for t, *_ in [*decodes, *chunks])
-    pad = lambda ts: torch.tensor([t + [0] * (width - len(t)) for t in ts])  # noqa: E731
     meta = AttentionMetadata(num_decodes=len(decodes), slot_blocks=torch.tensor(slots),
                              slot_offsets=torch.tensor(pos) % bs)
     if decodes:
-        meta.decode_block_tables = pad([t for t, _ in decodes])
+        meta.decode_block_tables = _padded([t for t, _ in decodes], "cpu")
         meta.decode_seq_lens = torch.tensor([p + 1 for _, p in decodes])
     if chunks:
-        meta.prefill_tables = pad(tables)
+        meta.prefill_tables = _padded(tables, "cpu")
         meta.prefill_spans = torch.tensor(spans)
         meta.prefills = tuple(PrefillSeq(s, n, c, meta.prefill_tables[i, : len(tables[i])])
                               for i, (s, n, c) in enumerate(spans))
@@ -68,7 +67,9 @@ def test_logits_and_kv_pool_equal_a_step_computed_whole(llama_dir: Path) -> None
     assert runner.backend.attends_sampled_rows
     model, backend, bs = runner.model, runner.backend, runner.block_size
     g = torch.Generator().manual_seed(0)
-    tokens = lambda n: torch.randint(3, 1000, (n,), generator=g).tolist()  # noqa: E731
+
+    def tokens(n: int) -> list[int]:
+        return torch.randint(3, 1000, (n,), generator=g).tolist()
 
     def forward(ids: list[int], positions: list[int], meta: AttentionMetadata, logits: list[int],
                 pool: torch.Tensor, cut: bool) -> torch.Tensor:

@@ -160,7 +160,7 @@ def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], a
         return LinearPlan(defaults)
     extra = [Product.ONEDNN] if onednn.available() else []
     names = [list(dict.fromkeys([d, Product.LINEAR, *extra])) for d in defaults]
-    key = _store_key(weights, names) if share else None
+    key = _store_key(weights, names, products) if share else None
     with measuring_alone("the linear-plan probe"):
         stored = _stored(key) if key else None
         if stored is not None:
@@ -210,11 +210,15 @@ def _stored(key: str) -> LinearPlan | None:
     return plan
 
 
-def _store_key(weights: list[torch.Tensor], candidates: list[list[Product]]) -> str:
+def _store_key(weights: list[torch.Tensor], candidates: list[list[Product]],
+               products: Mapping[Product, ProductFn]) -> str:
     """What a shared plan must have been measured on: the weights' shapes in order, the
-    threads, the candidates, this CPU and this torch."""
+    threads, the candidates, the build of each product's code (pdmesh's kernels are a
+    module named by a digest of their sources: a plan timed on an older few-row kernel
+    must not decide for a newer one), this CPU and this torch."""
+    builds = sorted(f"{p.value}:{getattr(fn, '__module__', None)}" for p, fn in products.items())
     what = [[list(w.shape) for w in weights], torch.get_num_threads(), [[p.value for p in c] for c in candidates],
-            cpu_flags(), torch.__version__, RANGES, PROBE_ROWS]
+            builds, cpu_flags(), torch.__version__, RANGES, PROBE_ROWS]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 

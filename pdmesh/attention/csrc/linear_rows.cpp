@@ -1,4 +1,5 @@
-// y = x @ w.T for a few rows of x (decode batches, verified drafts), float32, AVX2 + FMA.
+// y = x @ w.T for a few rows of x (decode batches, verified drafts), float32, AVX2 + FMA
+// (sixteen lanes where there is AVX-512).
 //
 // Why not MKL: for 1 to 31 rows its sgemm neither streams the weights at the memory's
 // speed (one row: ~10 GB/s of the ~22 GB/s two cores read) nor keeps a steady rate as
@@ -8,9 +9,13 @@
 // of x, so few rows cost little more than the weights' read and more rows approach the
 // FMA units' rate (docs/performance.md, section 12).
 //
-// The tile: 4 rows of x by 3 rows of w, twelve 8-lane accumulators over the shared
-// dimension, then one horizontal sum each. Results differ from MKL's only in summation
-// order. Built only where -march=native has AVX2 and FMA (module.cpp registers it then).
+// The tile: 4 rows of x by NR rows of w (3 in AVX2's sixteen registers, 6 in AVX-512's
+// thirty-two), one accumulator each over the shared dimension, then one horizontal sum
+// each. A tile's NR weight rows are one contiguous run; with AVX-512 the run after it is
+// prefetched into L2 while the tile computes, so the next tile's loads wait on no memory
+// (docs/performance.md, section 37: the weights at 1-16 rows streamed 1.3-1.7x faster).
+// Results differ from MKL's only in summation order. Built only where -march=native has
+// AVX2 and FMA (module.cpp registers it then).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -22,35 +27,45 @@
 #ifdef PDMESH_AVX2
 namespace {
 
+using pdmesh::Widest;
+
+constexpr int kMR = 4;
+constexpr int kNR = Widest::REGS >= 32 ? 6 : 3;
+constexpr bool kPrefetch = Widest::W == 16;
+
+// MR rows of x against NR rows of w; ``next`` is the weight run the following tile reads.
 template <int MR, int NR>
-inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy) {
-  __m256 acc[MR][NR];
+inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy,
+                 const float* next) {
+  using V = Widest;
+  typename V::R acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
   int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[NR];
+  for (; k + V::W <= K; k += V::W) {
+    typename V::R xv[MR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+    for (int i = 0; i < MR; ++i) xv[i] = V::load(x + i * ldx + k);
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
+      const typename V::R wv = V::load(w + j * K + k);
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+      for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(xv[i], wv, acc[i][j]);
     }
   }
   // Spill through an array written in unrolled loops: indexing the accumulators in the
   // reduction loop below made GCC keep them in memory inside the hot loop above.
-  alignas(32) float lanes[MR][NR][8];
+  alignas(64) float lanes[MR][NR][V::W];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) _mm256_store_ps(lanes[i][j], acc[i][j]);
+    for (int j = 0; j < NR; ++j) V::store(lanes[i][j], acc[i][j]);
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) {
-      float s = pdmesh::hsum8(_mm256_load_ps(lanes[i][j]));
+      float s = V::sum(V::load(lanes[i][j]));
       for (int64_t kk = k; kk < K; ++kk) s += x[i * ldx + kk] * w[j * K + kk];
       y[i * ldy + j] = s;
     }
@@ -59,13 +74,14 @@ inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* 
 
 // Every row of x against NR consecutive rows of w.
 template <int NR>
-void rows_against(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, float* y, int64_t N) {
+void rows_against(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, float* y, int64_t N,
+                  const float* next) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4, NR>(x + m * ldx, ldx, w, K, y + m * N, N);
+  for (; m + kMR <= M; m += kMR) tile<kMR, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next);
   switch (M - m) {
-    case 3: tile<3, NR>(x + m * ldx, ldx, w, K, y + m * N, N); break;
-    case 2: tile<2, NR>(x + m * ldx, ldx, w, K, y + m * N, N); break;
-    case 1: tile<1, NR>(x + m * ldx, ldx, w, K, y + m * N, N); break;
+    case 3: tile<3, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
+    case 2: tile<2, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
+    case 1: tile<1, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
     default: break;
   }
 }
@@ -83,14 +99,16 @@ at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& w) {
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  constexpr int64_t kNR = 3;
   at::parallel_for(0, (N + kNR - 1) / kNR, 16, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n = b * kNR;
-      switch (std::min(kNR, N - n)) {
-        case 3: rows_against<3>(xp, ldx, M, K, wp + n * K, yp + n, N); break;
-        case 2: rows_against<2>(xp, ldx, M, K, wp + n * K, yp + n, N); break;
-        default: rows_against<1>(xp, ldx, M, K, wp + n * K, yp + n, N); break;
+      // The run the next tile reads; the last tiles prefetch the weight's last run instead
+      // (every prefetched address lies inside w).
+      const float* next = wp + std::min(n + kNR, std::max<int64_t>(N - kNR, 0)) * K;
+      if (N - n >= kNR) {
+        rows_against<kNR>(xp, ldx, M, K, wp + n * K, yp + n, N, next);
+      } else {
+        for (int64_t r = n; r < N; ++r) rows_against<1>(xp, ldx, M, K, wp + r * K, yp + r, N, next);
       }
     }
   });

@@ -118,6 +118,7 @@ struct V8 {
   static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
   static R max(R a, R b) { return _mm256_max_ps(a, b); }
   static R exp(R x) { return exp8(x); }
+  static float sum(R v) { return hsum8(v); }
 };
 
 #ifdef __AVX512F__
@@ -135,6 +136,7 @@ struct V16 {
   static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
   static R max(R a, R b) { return _mm512_max_ps(a, b); }
   static R exp(R x) { return exp16(x); }
+  static float sum(R v) { return _mm512_reduce_add_ps(v); }
 };
 using Widest = V16;
 #else

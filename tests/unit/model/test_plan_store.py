@@ -83,3 +83,28 @@ def test_a_stored_plan_this_version_cannot_run_is_measured_again(monkeypatch, tm
         plan = linear_plan.choose([torch.randn(32, 32)], {Product.MM: product, Product.LINEAR: product}, share=True)
     assert calls[0] and "not one this version can run" in caplog.text
     assert Product.KERNEL not in plan.products  # no kernel was offered
+
+
+def test_a_plan_timed_on_another_build_of_a_product_is_measured_again(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """pdmesh's kernels are a module named by a digest of their sources: a plan timed on
+    an older few-row kernel (an upgrade within the store's ten minutes, or two checkouts
+    compared side by side) must not decide for a newer one."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    calls = [0]
+
+    def build(module: str):  # type: ignore[no-untyped-def]
+        def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1
+            return x @ w.t()
+        product.__module__ = module
+        return product
+
+    weights = [torch.randn(64, 64)]
+    old = build("pdmesh_cpu_kernels_000000000001")
+    linear_plan.choose(weights, {Product.MM: old, Product.LINEAR: old}, share=True)
+    measured = calls[0]
+    linear_plan.choose(weights, {Product.MM: old, Product.LINEAR: old}, share=True)
+    assert calls[0] == measured  # the same build: taken as stored
+    new = build("pdmesh_cpu_kernels_000000000002")
+    linear_plan.choose(weights, {Product.MM: new, Product.LINEAR: new}, share=True)
+    assert calls[0] > measured  # another build: measured

@@ -11,9 +11,10 @@
 //
 // The tile: 4 rows of x by NR rows of w (3 in AVX2's sixteen registers, 6 in AVX-512's
 // thirty-two), one accumulator each over the shared dimension, then one horizontal sum
-// each. A tile's NR weight rows are one contiguous run; with AVX-512 the run after it is
-// prefetched into L2 while the tile computes, so the next tile's loads wait on no memory
-// (docs/performance.md, section 37: the weights at 1-16 rows streamed 1.3-1.7x faster).
+// each. A tile's NR weight rows are one contiguous run, and the run after it is prefetched
+// into L2 while the tile computes, so the next tile's loads wait on no memory: on a 2-core
+// Xeon the model's weights at 1-16 rows streamed 1.3-1.7x faster with AVX-512, and
+// 1.3-1.5x in an AVX2-only build of the same code (docs/performance.md, section 37).
 // Results differ from MKL's only in summation order. Built only where -march=native has
 // AVX2 and FMA (module.cpp registers it then).
 #include <torch/extension.h>
@@ -31,7 +32,7 @@ using pdmesh::Widest;
 
 constexpr int kMR = 4;
 constexpr int kNR = Widest::REGS >= 32 ? 6 : 3;
-constexpr bool kPrefetch = Widest::W == 16;
+constexpr int64_t kLineFloats = 16;  // a 64-byte cache line
 
 // MR rows of x against NR rows of w; ``next`` is the weight run the following tile reads.
 template <int MR, int NR>
@@ -50,7 +51,7 @@ inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* 
     for (int i = 0; i < MR; ++i) xv[i] = V::load(x + i * ldx + k);
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
+      if (k % kLineFloats == 0) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
       const typename V::R wv = V::load(w + j * K + k);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(xv[i], wv, acc[i][j]);

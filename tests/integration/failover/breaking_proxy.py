@@ -77,9 +77,13 @@ class _Handler(grpc.GenericRpcHandler):
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = details.method  # type: ignore[attr-defined]
+        # Counted as the call arrives, not when a pool thread runs its handler: a call the
+        # caller cancels at once (a prefill call whose Reserve failed) may never run its
+        # handler on a loaded machine, and every later ordinal would shift by one (CI
+        # failed on that once).
+        when = self.proxy.take_break(method)
 
         def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            when = self.proxy.take_break(method)
             if when == "after":
                 for _ in self.proxy.forward(method, requests, context):
                     pass  # the worker answered; the caller hears of a broken stream

@@ -13,8 +13,8 @@
 // thirty-two), one accumulator each over the shared dimension, then one horizontal sum
 // each. A tile's NR weight rows are one contiguous run, and the run after it is prefetched
 // into L2 while the tile computes, so the next tile's loads wait on no memory: on a 2-core
-// Xeon the model's weights at 1-16 rows streamed 1.3-1.7x faster with AVX-512, and
-// 1.3-1.5x in an AVX2-only build of the same code (docs/performance.md, section 37).
+// Xeon the model's weights at 2-16 rows streamed 1.5-1.8x faster with AVX-512, and
+// 1.3-1.6x in an AVX2-only build of the same code (docs/performance.md, section 37).
 // Results differ from MKL's only in summation order. Built only where -march=native has
 // AVX2 and FMA (module.cpp registers it then).
 #include <torch/extension.h>
@@ -46,15 +46,17 @@ inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* 
     for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
   int64_t k = 0;
   for (; k + V::W <= K; k += V::W) {
-    typename V::R xv[MR];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) xv[i] = V::load(x + i * ldx + k);
+    typename V::R wv[NR];  // NR weight vectors, one x vector, MR x NR accumulators: all in registers
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       if (k % kLineFloats == 0) _mm_prefetch(reinterpret_cast<const char*>(next + j * K + k), _MM_HINT_T1);
-      const typename V::R wv = V::load(w + j * K + k);
+      wv[j] = V::load(w + j * K + k);
+    }
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(xv[i], wv, acc[i][j]);
+    for (int i = 0; i < MR; ++i) {
+      const typename V::R xv = V::load(x + i * ldx + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
     }
   }
   // Spill through an array written in unrolled loops: indexing the accumulators in the

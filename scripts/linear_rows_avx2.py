@@ -1,0 +1,53 @@
+"""The few-row product (``csrc/linear_rows.cpp``) as an AVX2-only machine builds it, timed
+here: the kernels built from ``CSRC`` with ``-mno-avx512f`` (eight lanes, the AVX2 tile),
+then ``linear_rows`` over the default model's weights, LM head included, at 1-16 rows.
+Pass another checkout's ``pdmesh/attention/csrc`` to time its code the same way
+(docs/performance.md, section 37). Not a stand-in for an AMD machine: the same AVX2 code on
+this CPU's caches and memory.
+
+    .venv/bin/python scripts/linear_rows_avx2.py [CSRC] [MODEL_DIR]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import load
+
+from pdmesh.attention.cpu_kernels import SOURCES
+from pdmesh.model.loader import load_model
+
+
+def build(csrc: Path):  # type: ignore[no-untyped-def]
+    sources = [csrc / s.name for s in SOURCES]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(csrc.iterdir()) if p.is_file())).hexdigest()[:12]
+    return load(name=f"pdmesh_avx2_only_{digest}", sources=[str(s) for s in sources],
+                extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"], extra_ldflags=["-fopenmp"])
+
+
+def main(csrc: Path, model_dir: str) -> None:
+    torch.set_num_threads(2)
+    kernels = build(csrc)
+    model, _, _ = load_model(model_dir, "float32", "cpu", 4096)
+    weights = [m.weight.detach().contiguous() for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]
+    print(f"{csrc}: {sum(w.numel() * 4 for w in weights) / 1e6:.0f} MB of weights, ms per pass (best of 10)")
+    for rows in (1, 2, 4, 8, 16):
+        xs = [torch.randn(rows, w.shape[1]) for w in weights]
+        for _ in range(3):
+            [kernels.linear_rows(x, w) for x, w in zip(xs, weights)]
+        best = float("inf")
+        for _ in range(10):
+            t = time.perf_counter()
+            [kernels.linear_rows(x, w) for x, w in zip(xs, weights)]
+            best = min(best, time.perf_counter() - t)
+        print(f"  {rows:2d} rows: {best * 1e3:.2f}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parents[1] / "pdmesh/attention/csrc",
+         sys.argv[2] if len(sys.argv) > 2 else ".cache/models/small-llama")

@@ -19,7 +19,10 @@ from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.conftest import mixed_prompts
 
-MAX_NEW = 96
+MAX_NEW = 160
+"""Long enough that the streams a kill finds are mid-way: at 96 a whole run of 24 took 0.5-0.7 s
+on the small test model once decode steps got faster, and a kill came after the victim's
+streams had ended (CI failed on no migration once)."""
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def _run_all(address: str, on_token=None, gaps: list[float] | None = None) -> li
                 now = time.monotonic()
                 worst, last = (max(worst, now - last) if last else 0.0), now
                 if on_token is not None:
-                    on_token()
+                    on_token(len(resp.token_ids))
         if gaps is not None:
             gaps.append(worst)
         return tokens
@@ -86,7 +89,8 @@ def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
     want = _run_all(mesh.router_address)
     assert all(len(t) == MAX_NEW for t in want)
 
-    streamed = [0]
+    streamed = [0]  # tokens, all streams together
+    next_check = [24 * 8]
     lock = threading.Lock()
     killed: list = []  # the decode worker killed
 
@@ -94,16 +98,18 @@ def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
         with grpc.insecure_channel(worker.address) as ch:
             return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5).num_running
 
-    def count() -> None:
+    def count(tokens: int) -> None:
         with lock:
-            streamed[0] += 1
+            streamed[0] += tokens
             # From ~8 tokens per stream on (tokens reach the caller in a burst per engine
-            # step, and this tiny model decodes fast), checked every 24 tokens: the worker decoding
+            # step, one message of several tokens where the caller reads late, and this tiny
+            # model decodes fast), checked every 24 tokens: the worker decoding
             # the most streams now, once it decodes any (routing by load and by the
             # conversation a worker holds may have left the other one without any, and
             # with one prefill worker for 24 prompts many requests may still wait for
             # their KV, reserved on a worker that streams nothing yet).
-            if streamed[0] >= 24 * 8 and streamed[0] % 24 == 0 and not killed:
+            if streamed[0] >= next_check[0] and not killed:
+                next_check[0] = streamed[0] + 24
                 counts = {w.name: running(w) for w in mesh.decode}
                 victim = max(mesh.decode, key=lambda w: counts[w.name])
                 if counts[victim.name]:

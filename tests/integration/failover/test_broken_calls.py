@@ -19,13 +19,15 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
     spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, worker_args=WORKER_ARGS,
                     router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
     with Mesh(spec) as mesh:
-        # The third request's prefill answers after computing and writing its KV, and the
-        # answer is lost.
+        # The first request's prefill call breaks. The third request's prefill answers after
+        # computing and writing its KV, and the answer is lost: the worker's second answer
+        # (the second request's attempts whose Reserve failed are cancelled, never answered).
         prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}},
-                                breaks_after={"PrefillStream": {5}}, cancel_delay_s=1.0)
+                                breaks_after={"PrefillStream": {2}}, cancel_delay_s=1.0)
         # The first request's retry goes local (no Reserve); the second's Reserve breaks
-        # before the worker sees it, then after it reserved (the answer lost).
-        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}}, breaks_after={"Reserve": {3}})
+        # before the worker sees it (the second call), then after it reserved (the worker's
+        # second answer: the first request's Reserve was the first).
+        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}}, breaks_after={"Reserve": {2}})
         try:
             mesh.kill(mesh.router)  # type: ignore[arg-type]
             mesh.router = mesh._spawn("router", [

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
 from torch.utils.cpp_extension import load
 
-from pdmesh.attention.cpu_kernels import SOURCES
+from pdmesh.attention.cpu_kernels import CFLAGS, LDFLAGS, SOURCES
+from pdmesh.model.linear_plan import best_seconds
 from pdmesh.model.loader import load_model
 
 
@@ -28,7 +28,7 @@ def build(csrc: Path) -> ModuleType:
     sources = [csrc / s.name for s in SOURCES]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(csrc.iterdir()) if p.is_file())).hexdigest()[:12]
     return load(name=f"pdmesh_avx2_only_{digest}", sources=[str(s) for s in sources],
-                extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"], extra_ldflags=["-fopenmp"])
+                extra_cflags=[*CFLAGS, "-mno-avx512f"], extra_ldflags=list(LDFLAGS))
 
 
 def main(csrc: Path, model_dir: str) -> None:
@@ -40,14 +40,9 @@ def main(csrc: Path, model_dir: str) -> None:
     print(f"{csrc}: {sum(w.numel() * 4 for w in weights) / 1e6:.0f} MB of weights, ms per pass (best of 10)")
     for rows in (1, 2, 4, 8, 16):
         xs = [torch.randn(rows, w.shape[1]) for w in weights]
-        for _ in range(3):
-            [kernels.linear_rows(x, w) for x, w in zip(xs, weights)]
-        best = float("inf")
-        for _ in range(10):
-            t = time.perf_counter()
-            [kernels.linear_rows(x, w) for x, w in zip(xs, weights)]
-            best = min(best, time.perf_counter() - t)
-        print(f"  {rows:2d} rows: {best * 1e3:.2f}")
+        seconds = best_seconds(lambda xs=xs: [kernels.linear_rows(x, w) for x, w in zip(xs, weights)],
+                               rounds=10, reps=1, warmup=3)
+        print(f"  {rows:2d} rows: {seconds * 1e3:.2f}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ import cProfile
 import pstats
 import random
 import sys
-import time
 
+from pdmesh.bench.engine import _prompts, _run_engine
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
-from pdmesh.sampling_params import SamplingParams
 
 PROMPTS, PROMPT_LEN = 32, 512
 
@@ -24,21 +23,12 @@ PROMPTS, PROMPT_LEN = 32, 512
 def main(model: str) -> None:
     engine = LLMEngine(EngineArgs(model=model, dtype="float32", num_blocks=4096).engine_config())
     vocab, rng = engine.model_config.vocab_size, random.Random(0)
-    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, output_kind="final_only")
-
-    def prefill(tag: str) -> float:
-        for i in range(PROMPTS):
-            engine.add_request(f"{tag}{i}", [rng.randrange(10, vocab - 10) for _ in range(PROMPT_LEN)], one)
-        start = time.perf_counter()
-        while engine.has_unfinished_requests():
-            engine.step()
-        engine.pool.reset_prefix_cache()
-        return time.perf_counter() - start
-
-    prefill("warm-up")
+    _run_engine(engine, _prompts(PROMPTS, PROMPT_LEN, rng, vocab), 1)  # warm-up
+    engine.pool.reset_prefix_cache()
+    prompts = _prompts(PROMPTS, PROMPT_LEN, rng, vocab)
     profile = cProfile.Profile()
     profile.enable()
-    seconds = prefill("timed")
+    seconds = _run_engine(engine, prompts, 1)["seconds"]
     profile.disable()
     print(f"prefill {PROMPTS} x {PROMPT_LEN}: {seconds:.2f} s ({PROMPTS * PROMPT_LEN / seconds:.0f} tok/s)")
     pstats.Stats(profile).sort_stats("tottime").print_stats(12)

@@ -25,6 +25,9 @@ SOURCES = tuple(Path(__file__).parent / "csrc" / f
                 for f in ("module.cpp", "paged_attention.cpp", "paged_prefill.cpp", "elementwise.cpp",
                           "linear_rows.cpp", "kv_write.cpp"))
 HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h", "shared_rows.h"))
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+"""How the kernels are compiled (``scripts/linear_rows_avx2.py`` adds ``-mno-avx512f``)."""
+LDFLAGS = ("-fopenmp",)
 
 
 class KernelsUnavailableError(PdmeshError):
@@ -75,7 +78,7 @@ def load() -> ModuleType:
     wait_for_build_lock(Path(_get_build_directory(name, verbose=False)))
     try:
         module = build(name=name, sources=[str(s) for s in SOURCES],
-                       extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                       extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
                        verbose=False)
     except Exception as exc:  # compiler, ninja or headers missing: say which
         raise KernelsUnavailableError(f"the CPU kernels could not be built: {exc}") from exc

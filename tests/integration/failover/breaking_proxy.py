@@ -3,18 +3,21 @@
 gRPC's core reports some streams broken mid-call as INTERNAL ("Internal error from Core"),
 and a killed worker produces that only now and then, so a test cannot cause it on
 demand. This proxy forwards every call's bytes to the real worker and back, except the
-calls of a method whose ordinals ``breaks`` names (1 = its first call to arrive), which
-it ends with INTERNAL before forwarding anything, and the answers ``breaks_after`` names
-(1 = the method's first call the worker answered), which it replaces with INTERNAL (the
-worker acted; the caller cannot know). Answers are counted, not calls, because a call
-the caller cancels at once (a prefill call whose Reserve failed) may or may not reach
-the proxy on a loaded machine, and arrival ordinals after it shifted (CI failed on that
-twice); such a call is never answered. ``cancel_delay_s`` passes a caller's cancel on that much later, as a worker
-busy or far away notices it late.
+calls ``breaks`` names, which it ends with INTERNAL before forwarding anything, and the
+calls ``breaks_after`` names, whose answer it replaces with INTERNAL (the worker acted;
+the caller cannot know).
+
+A call is named by its method and the request id in its first message (the router's id
+for that attempt: ``r1`` first, ``r1~1`` for its first retry), not by the order calls
+arrive in: the router cancels a request's calls together when one fails, and a call
+cancelled at once may or may not reach the proxy on a loaded machine, which shifted
+every later ordinal (CI failed on that three times). ``cancel_delay_s`` passes a caller's
+cancel on that much later, as a worker busy or far away notices it late.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -23,20 +26,23 @@ from typing import Any
 
 import grpc
 
+from pdmesh.v1 import worker_pb2
+
 _HOP_HEADERS = ("user-agent", "grpc-", ":")
+_FIRST_MESSAGE = {"Reserve": worker_pb2.ReserveRequest, "PrefillStream": worker_pb2.PrefillRequest}
+"""Method -> the message its call opens with, whose ``request_id`` names the call."""
 
 
 class BreakingProxy:
-    def __init__(self, target: str, breaks: dict[str, set[int]],
-                 breaks_after: dict[str, set[int]] | None = None, cancel_delay_s: float = 0.0) -> None:
+    def __init__(self, target: str, breaks: dict[str, set[str]],
+                 breaks_after: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0) -> None:
         self.breaks = breaks
-        """Method name (``Reserve``, ``PrefillStream``, ...) -> ordinals of its calls to break."""
+        """Method name (``Reserve``, ``PrefillStream``) -> request ids of its calls to break."""
         self.breaks_after = breaks_after or {}
-        """Method name -> ordinals of its answers to replace with INTERNAL."""
+        """Method name -> request ids of its calls whose answer is replaced with INTERNAL."""
         self.cancel_delay_s = cancel_delay_s
-        self.calls: dict[str, int] = {}
-        self.answers: dict[str, int] = {}
         self.broken: list[str] = []
+        """``"<method> <request id> before|after"`` for each call broken, in order."""
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(target)
         self._server = grpc.server(futures.ThreadPoolExecutor(32), handlers=[_Handler(self)])
@@ -44,21 +50,13 @@ class BreakingProxy:
         self.address = f"127.0.0.1:{port}"
         self._server.start()
 
-    def breaks_call(self, name: str) -> bool:
-        """Whether this arriving call of method ``name`` is broken before it is forwarded."""
-        return self._count(self.calls, self.breaks, name, "before")
-
-    def breaks_answer(self, name: str) -> bool:
-        """Whether this answer of method ``name`` is replaced with INTERNAL."""
-        return self._count(self.answers, self.breaks_after, name, "after")
-
-    def _count(self, seen: dict[str, int], table: dict[str, set[int]], name: str, when: str) -> bool:
+    def breaking(self, table: dict[str, set[str]], name: str, request_id: str, when: str) -> bool:
+        """Whether the call of method ``name`` for ``request_id`` is broken ``when``; recorded."""
+        if request_id not in table.get(name, ()):
+            return False
         with self._lock:
-            seen[name] = seen.get(name, 0) + 1
-            if seen[name] not in table.get(name, ()):
-                return False
-            self.broken.append(f"{name} {when}")
-            return True
+            self.broken.append(f"{name} {request_id} {when}")
+        return True
 
     def forward(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_HOP_HEADERS)]
@@ -90,15 +88,20 @@ class _Handler(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = details.method  # type: ignore[attr-defined]
         name = method.rsplit("/", 1)[-1]
+        proxy = self.proxy
 
         def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            if self.proxy.breaks_call(name):
-                context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
-            if name not in self.proxy.breaks_after:
-                yield from self.proxy.forward(method, requests, context)
+            if name not in _FIRST_MESSAGE:
+                yield from proxy.forward(method, requests, context)
                 return
-            answer = list(self.proxy.forward(method, requests, context))  # the worker answered
-            if self.proxy.breaks_answer(name):
+            first = next(requests, None)
+            if first is None:  # the caller went before it said anything
+                return
+            request_id = _FIRST_MESSAGE[name].FromString(first).request_id
+            if proxy.breaking(proxy.breaks, name, request_id, "before"):
+                context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+            answer = list(proxy.forward(method, itertools.chain([first], requests), context))  # the worker answered
+            if proxy.breaking(proxy.breaks_after, name, request_id, "after"):
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
             yield from answer
 

@@ -19,15 +19,13 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
     spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1, worker_args=WORKER_ARGS,
                     router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
     with Mesh(spec) as mesh:
-        # The first request's prefill call breaks. The third request's prefill answers after
-        # computing and writing its KV, and the answer is lost: the worker's second answer
-        # (the second request's attempts whose Reserve failed are cancelled, never answered).
-        prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {1}},
-                                breaks_after={"PrefillStream": {2}}, cancel_delay_s=1.0)
-        # The first request's retry goes local (no Reserve); the second's Reserve breaks
-        # before the worker sees it (the second call), then after it reserved (the worker's
-        # second answer: the first request's Reserve was the first).
-        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {2}}, breaks_after={"Reserve": {2}})
+        # r1's prefill call breaks before the worker sees it; r3's answers after the worker
+        # computed and wrote its KV, and the answer is lost.
+        prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {"r1"}},
+                                breaks_after={"PrefillStream": {"r3"}}, cancel_delay_s=1.0)
+        # r1's retry goes local (no Reserve); r2's Reserve breaks before the worker sees it,
+        # then its retry's (r2~1) after the worker reserved.
+        decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {"r2"}}, breaks_after={"Reserve": {"r2~1"}})
         try:
             mesh.kill(mesh.router)  # type: ignore[arg-type]
             mesh.router = mesh._spawn("router", [
@@ -37,10 +35,11 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
             mesh._await_ready(mesh.router)
             prompts = [p for p in mixed_prompts(20, seed=89) if len(p) >= 31][:3]
             with Client(mesh.router_address, timeout=60) as c:
-                outs = [c.complete(p, max_tokens=6, temperature=0).token_ids for p in prompts]
+                outs = [c.complete(p, request_id=f"r{i}", max_tokens=6, temperature=0).token_ids
+                        for i, p in enumerate(prompts, 1)]
             assert outs == [hf_refs["llama"].greedy(p, 6) for p in prompts]
-            assert prefill.broken == ["PrefillStream before", "PrefillStream after"]
-            assert decode.broken == ["Reserve before", "Reserve after"]
+            assert prefill.broken == ["PrefillStream r1 before", "PrefillStream r3 after"]
+            assert decode.broken == ["Reserve r2 before", "Reserve r2~1 after"]
             stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
             assert stats.prefill_retries == 2
             assert stats.decisions["local/no_prefill"] == 2  # the only prefill worker failed them

@@ -195,12 +195,15 @@ class AsyncLLMEngine:
 
     # -- on the event loop ------------------------------------------------------------
     def _deliver(self, outputs: list[RequestOutput], progress: list[tuple[str, int]]) -> None:
+        """Outputs first: their streams' tasks wake before the progress listeners', so a
+        prompt's first token is answered before a listener writes its last blocks out
+        (a prefill worker's KV write, ~1 ms of the loop's time per 256 tokens)."""
+        self._dispatch(outputs)
         for rid, blocks in progress:
             entry = self._progress_listeners.get(rid)
             if entry is not None and blocks > entry[1]:
                 self._progress_listeners[rid] = (entry[0], blocks)
                 entry[0](blocks)
-        self._dispatch(outputs)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -63,6 +63,9 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler.stream_unary:  # its handler reads with ``read_message``
             return handler._replace(stream_unary=_wrap_unary(handler.stream_unary),
                                     request_deserializer=deserializer)
+        if handler.stream_stream:  # reads with ``read_message``, answers with ``context.write``
+            return handler._replace(stream_stream=_wrap_unary(handler.stream_stream),
+                                    request_deserializer=deserializer)
         return handler
 
 

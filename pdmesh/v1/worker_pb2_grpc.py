@@ -118,7 +118,7 @@ class PrefillStub:
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
                 _registered_method=True)
-        self.PrefillStream = channel.stream_unary(
+        self.PrefillStream = channel.stream_stream(
                 '/pdmesh.v1.Prefill/PrefillStream',
                 request_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.FromString,
@@ -144,7 +144,10 @@ class PrefillServicer:
         """Prefill as above, its destination sent later: the first message is the request less
         its destination, which starts computing; the second carries only the destination
         (the caller reserves on the decode worker meanwhile, off the path to the first token).
-        Blocks finished before the destination arrives are written once it has.
+        Blocks finished before the destination arrives are written once it has. Answers
+        twice: the first token alone (``first_only``) as soon as it is sampled, so the caller
+        can stream it while the KV is still being written, then the whole answer once every
+        write is complete at the destination (what ``Prefill`` returns).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -158,7 +161,7 @@ def add_PrefillServicer_to_server(servicer, server):
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
             ),
-            'PrefillStream': grpc.stream_unary_rpc_method_handler(
+            'PrefillStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PrefillStream,
                     request_deserializer=pdmesh_dot_v1_dot_worker__pb2.PrefillRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_worker__pb2.PrefillResponse.SerializeToString,
@@ -213,7 +216,7 @@ class Prefill:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
             '/pdmesh.v1.Prefill/PrefillStream',

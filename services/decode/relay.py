@@ -17,22 +17,26 @@ class Relay:
     """Turns each delta output into a ``GenerateResponse`` and records, on the way, what the
     request's span and the worker's metrics say about it (first token, finish, cache)."""
 
-    def __init__(self, core: WorkerCore, request_id: str, span: Any, prefills: bool) -> None:
+    def __init__(self, core: WorkerCore, request_id: str, span: Any, prefills: bool, resumed: int = 0) -> None:
         self.core, self.request_id, self.span = core, request_id, span
         self.prefills = prefills
         """The prompt is computed here (a local prefill), not written by a prefill worker."""
-        self.total = 0
+        self.total = resumed
+        """Completion tokens so far: a resumed request's usage counts the tokens another
+        worker streamed before it (the caller has them), not only this worker's."""
+        self.sent = 0
         self.timer = core.request_metrics.stream()
 
     def __call__(self, out: RequestOutput) -> generate_pb2.GenerateResponse:
         n = len(out.outputs[0].token_ids) if out.outputs else 0
-        if n and not self.total:
+        if n and not self.sent:
             m = out.metrics
             self.span.set_attributes({
                 "pdmesh.first_token_ms": 1000 * (time.monotonic() - self.timer.start),
                 "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
             })
         self.total += n
+        self.sent += n
         self.timer.tokens(n)
         if out.finished:
             self._finished(out)
@@ -47,7 +51,7 @@ class Relay:
             self.core.counters.computed_prompt_tokens += max(0, len(out.prompt_token_ids) - cached)
         reason = out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown"
         self.timer.done(reason)
-        self.span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": self.total,
+        self.span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": self.sent,
                                   "pdmesh.cached_tokens": cached})
         if out.metrics.spec_steps:
             self.span.set_attributes({

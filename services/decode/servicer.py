@@ -156,7 +156,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         try:
             # A resumed request's prompt hits are not known here (its tokens are outputs
             # already): its recompute is left out of the prompt counters, not guessed.
-            async for resp in self._send(rid, start, span, request.feed_id, prefills=resume is None):
+            async for resp in self._send(rid, start, span, request.feed_id, prefills=resume is None,
+                                         resumed=len(request.resume_token_ids)):
                 yield resp
         finally:
             span.end()
@@ -173,12 +174,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         return feed
 
     async def _send(self, rid: str, start: Callable[[], None], span: Any, feed_id: str,
-                    prefills: bool) -> AsyncIterator[generate_pb2.GenerateResponse]:
+                    prefills: bool, resumed: int = 0) -> AsyncIterator[generate_pb2.GenerateResponse]:
         """Start the request; its messages are yielded on its own call, or pushed onto the
         feed its caller named (then the call ends without a message of its own).
         ``prefills``: this worker computes the prompt (``GenerateLocal``), not a prefill
-        worker."""
-        relay, feed = Relay(self.core, rid, span, prefills), self._feed(feed_id)
+        worker. ``resumed``: completion tokens streamed by another worker before this one."""
+        relay, feed = Relay(self.core, rid, span, prefills, resumed), self._feed(feed_id)
         async for out in self.core.aeng.stream(rid, start):
             if feed is None:
                 yield relay(out)

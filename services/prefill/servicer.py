@@ -17,12 +17,16 @@ Before 1, with a kvstore, leading blocks this worker lacks but the store holds a
 into local blocks, so the prefill starts from them instead of recomputing.
 ``PrefillStream`` (what the router calls) is the same with the destination in a second
 message, which arrives during 1-2 (the decode worker reserves meanwhile); 4 waits for it.
+It also answers twice: the first token alone at the end of 2, which the router streams to
+its caller while 4 runs (the write of a 256-token prompt took ~1 ms of a lone request's
+time to first token; docs/performance.md §38), then the whole answer after 4.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +72,8 @@ class PrefillJob:
     listed: dict[str, int] | None = None
     """The router's index view (``PrefillRequest.index_view``): leading prompt blocks per
     holder beyond the prefill workers; None when the router did not read the index."""
+    early: Callable[[worker_pb2.PrefillResponse], Awaitable[None]] | None = None
+    """Sends the first token before the KV write (``PrefillStream``); None: one answer."""
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -85,8 +91,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
     async def PrefillStream(  # noqa: N802 (gRPC method name)
         self, request_iterator: Any, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.PrefillResponse:
-        """The request, then its destination in a second message, read while it computes."""
+    ) -> None:
+        """The request, then its destination in a second message, read while it computes;
+        the first token is answered before the KV write, the whole answer after it."""
         request = await read_message(context)
         if request is grpc.aio.EOF:
             raise InvalidRequestError("PrefillStream", "the stream ended before the request")
@@ -106,7 +113,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
         reader = asyncio.create_task(read_destination())
         try:
-            return await self._prefill(request, context, destination)
+            await context.write(await self._prefill(request, context, destination, early=context.write))
         finally:
             reader.cancel()
             if not destination.done():
@@ -115,7 +122,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 destination.exception()  # seen (the prefill already failed with it or without)
 
     async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,
-                       destination: asyncio.Future[KvDestination]) -> worker_pb2.PrefillResponse:
+                       destination: asyncio.Future[KvDestination],
+                       early: Callable[[worker_pb2.PrefillResponse], Awaitable[None]] | None = None,
+                       ) -> worker_pb2.PrefillResponse:
         core = self.core
         user = sampling_from_proto(request.sampling)
         params = user.replace(
@@ -129,7 +138,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         job = PrefillJob(rid, ids, params, destination,
                          min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
                          span, time.perf_counter(), user_stops=bool(user.stop),
-                         listed=dict(request.index_view.tier_blocks) if request.HasField("index_view") else None)
+                         listed=dict(request.index_view.tier_blocks) if request.HasField("index_view") else None,
+                         early=early)
         try:
             return await self._run(job)
         except Exception as exc:
@@ -155,6 +165,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         offloading = False
         try:
             try:
+                if job.early is not None:
+                    await self._answer_early(job, final, computed_at, sender)
                 sent_blocks = await sender.finish(-(-len(job.prompt) // core.cfg.block_size))
             finally:
                 dest = sender.dest
@@ -195,10 +207,35 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             raise RuntimeError(f"prefill of {job.request_id} produced no token")
         return final
 
+    async def _answer_early(self, job: PrefillJob, final: RequestOutput, computed_at: float,
+                            sender: ChunkSender) -> None:
+        """``PrefillStream``'s first answer; the writes stop when it cannot be sent (the
+        caller went away)."""
+        first = self._first_token(job, final, computed_at)
+        first.first_only = True
+        try:
+            await job.early(first)  # type: ignore[misc]
+        except BaseException:
+            await sender.stop()
+            raise
+
+    def _first_token(self, job: PrefillJob, final: RequestOutput, computed_at: float) -> worker_pb2.PrefillResponse:
+        """The answer's first-token fields: all ``PrefillStream``'s first message carries."""
+        comp = final.outputs[0]
+        resp = worker_pb2.PrefillResponse(
+            first_token_id=comp.token_ids[0], cached_tokens=final.metrics.num_cached_tokens,
+            prefill_ms=1000 * (computed_at - job.started),
+            first_stopped=comp.finish_reason == "stop",  # EOS or a stop token: max_tokens is 1
+        )
+        if not job.user_stops:
+            resp.first_text = comp.text
+        if comp.logprobs:
+            resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
+        return resp
+
     def _response(self, job: PrefillJob, final: RequestOutput, sent_blocks: int, moved: int,
                   computed_at: float, inline: bool | None) -> worker_pb2.PrefillResponse:
         core = self.core
-        comp = final.outputs[0]
         cached = final.metrics.num_cached_tokens
         m = final.metrics
         job.span.set_attributes({
@@ -207,17 +244,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         })
         core.counters.cached_prompt_tokens += cached
         core.counters.computed_prompt_tokens += len(job.prompt) - cached
-        resp = worker_pb2.PrefillResponse(
-            first_token_id=comp.token_ids[0], cached_tokens=cached,
-            blocks_transferred=sent_blocks, bytes_transferred=moved,
-            prefill_ms=1000 * (computed_at - job.started),
-            transfer_ms=1000 * (time.perf_counter() - computed_at),
-            first_stopped=comp.finish_reason == "stop",  # EOS or a stop token: max_tokens is 1
-        )
-        if not job.user_stops:
-            resp.first_text = comp.text
-        if comp.logprobs:
-            resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
+        resp = self._first_token(job, final, computed_at)
+        resp.blocks_transferred, resp.bytes_transferred = sent_blocks, moved
+        resp.transfer_ms = 1000 * (time.perf_counter() - computed_at)
         if inline is not None:
             resp.kv_written_inline = inline
         return resp

@@ -5,9 +5,11 @@ Lifecycle (the methods below, in this order):
                 (consistent hashing when Redis is down); ``RouterCore.local_reason`` says
                 when the decode worker prefills instead (``GenerateLocal``);
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
-  3. prefill  — the prefill worker computes and WRITEs the KV and returns the first token,
-                streamed at once where its text is certain (first_token.py); one that is
-                unreachable (marked down) or breaks the call (probed) is left for another;
+  3. prefill  — the prefill worker computes the prompt and answers the first token, streamed
+                at once where its text is certain (first_token.py), then WRITEs the KV
+                and answers again; one that is unreachable (marked down) or breaks the
+                call (probed) is left for another; once the first token was streamed, the
+                decode worker continues the request by itself instead (``_continue``);
   4. decode   — the decode worker's messages are relayed (over its token feed when open:
                 ``pdmesh/rpc/feed_sink.py``); if that worker fails mid-stream,
                 another continues from the tokens already streamed (``GenerateLocal`` with
@@ -136,9 +138,9 @@ class RequestFlow:
                     async for resp in self._local():
                         yield resp
                     return
-                first = await self.reserve_and_prefill()
-                if first is not None:
-                    async for resp in self.decode_stream(*first):
+                handoff_ = await self.reserve_and_prefill()
+                if handoff_ is not None:
+                    async for resp in self.decode_stream(handoff_):
                         yield resp
                     return
             raise UnavailableError(
@@ -180,33 +182,39 @@ class RequestFlow:
         finally:
             decode.pending_tokens -= work
 
-    async def reserve_and_prefill(self) -> tuple[Any, Any] | None:
-        """Prefill on the chosen worker into a reservation on the decode worker:
-        ``(response, handle)``, or None to try again (``services/router/handoff.py``)."""
+    async def reserve_and_prefill(self) -> handoff.Handoff | None:
+        """Prefill on the chosen worker into a reservation on the decode worker, until its
+        first token; None to try again (``services/router/handoff.py``)."""
         return await handoff.reserve_and_prefill(self)
 
-    async def decode_stream(self, prefill_response: Any, handle: Any) -> AsyncIterator[Any]:
-        """The first token straight from ``prefill_response`` where its text is certain
-        (``first_token``), then the decode worker's stream; no ``Decode`` at all when that
-        token ends the request."""
+    async def decode_stream(self, h: handoff.Handoff) -> AsyncIterator[Any]:
+        """The first token straight from the prefill worker where its text is certain
+        (``first_token``), while its KV is written; then the decode worker's stream once
+        the KV landed, no ``Decode`` at all when that token ends the request."""
         d_stub, rid = decode_stub(self.decode_worker().address), self.call_id
-        relayed = first_token.early(prefill_response, self.params, len(self.prompt),
-                                    max(handle.cached_tokens, prefill_response.cached_tokens))
+        relayed = first_token.early(h.first, self.params, len(self.prompt),
+                                    max(h.handle.cached_tokens, h.first.cached_tokens))
         try:
             if relayed is not None:
                 self._streamed(relayed)
                 yield relayed
-                if relayed.finish_reason:
-                    return  # it ends the request: the decode worker has nothing to add
-            call = self._decode_call("Decode", messages.decode_request(rid, prefill_response, handle))
+                if relayed.finish_reason:  # it ends the request: the decode worker has nothing to add
+                    await h.settled()  # and its reservation goes back once no KV lands in it
+                    return
+            landed = await h.landed()
+            if landed is None:  # the hand-off failed after its first token
+                call, relayed = self._continue(), None
+            else:
+                call = self._decode_call("Decode", messages.decode_request(rid, landed, h.handle))
             async for resp in self._decoded(call, relayed):
                 yield resp
         finally:
+            h.close()
             if relayed is not None and not self.decode_answered:
                 # No Decode claimed the reservation (none was needed, or the caller left or
                 # the call failed first, maybe before it reached the worker): give it back
                 # now, not at the end of its lease.
-                await reservation.give_back(d_stub, rid, prefill_response)
+                await reservation.give_back(d_stub, rid, h.response)
 
     async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
         """Relay a decode stream (less ``relayed``, the first token when the caller has it
@@ -248,6 +256,11 @@ class RequestFlow:
         """Leave the failed decode worker (``failover.replace_decode``) and resume the request."""
         failover.replace_decode(self, exc, "mid-stream")
         self.core.migrations += 1
+        return self._continue()
+
+    def _continue(self) -> Any:
+        """The decode worker prefills and decodes the request by itself from the tokens
+        streamed so far (a resumed ``GenerateLocal``, under a new attempt's id)."""
         self.attempt += 1
         return self._decode_call("GenerateLocal", self.reserve_msg((self.streamed_tokens, self.streamed_chars)))
 

@@ -4,7 +4,9 @@ blocks the decode worker reserved (lifecycle steps 2-3 of ``services/router/flow
 The prefill starts first (``PrefillStream``'s first message), the decode worker reserves
 while the prompt computes, and the reservation follows as the stream's second message:
 the reservation's round trip is off the path to the first token (measured in
-docs/performance.md §17). Either call failing ends the other: a decode worker that is
+docs/performance.md §17). The prefill worker answers the first token before it writes the
+KV, and the whole answer after (``Handoff.landed``): the write is off that path too (§38).
+Either call failing ends the other: a decode worker that is
 unreachable, full or broken mid-call is replaced and the request tried again, so is a
 prefill worker that is unreachable (marked down) or broke the call (asked for its Info:
 ``Registry.call_failed``), and the reservation is given back whenever the prefill did not
@@ -14,12 +16,15 @@ answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from pdmesh.errors import UnavailableError
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from services.router import failover, reservation
@@ -53,17 +58,64 @@ async def send(call: Any, msg: Any, last: bool = False) -> None:
         pass
 
 
-async def reserve_and_prefill(flow: RequestFlow) -> tuple[Any, Any] | None:
-    """``(prefill response, decode worker's handle)``, or None to try again."""
+async def reserve_and_prefill(flow: RequestFlow) -> Handoff | None:
+    """The hand-off once the first token came, or None to try again."""
     choice = flow.prefill
     if choice is None:
         raise RuntimeError(f"{flow.request_id}: prefill before a prefill worker was chosen")
     work = max(0, len(flow.prompt) - choice.cached_tokens)
-    with choice.worker.counted(work):  # from the decision on: the next ones of a burst see it
+    with choice.worker.counted(work):  # from the decision until its prompt is computed
         return await _reserve_and_prefill(flow, choice.worker, decode_stub(flow.decode_worker().address))
 
 
-async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any) -> tuple[Any, Any] | None:
+@dataclass(eq=False)
+class Handoff:
+    """A prefill whose first token came while its KV may still be on its way to the
+    reservation (``PrefillStream`` answers the token first): ``landed`` waits for the rest."""
+
+    flow: RequestFlow
+    prefill: WorkerHandle
+    d_stub: Any
+    rid: str
+    call: Any
+    handle: Any
+    """The decode worker's reservation (a ``KvHandle``)."""
+    first: Any
+    """The first token (a ``PrefillResponse``; the whole answer from a worker that answers once)."""
+    renewing: asyncio.Task[None]
+    response: Any = None
+    """The whole answer, once the KV landed."""
+
+    async def landed(self) -> Any | None:
+        """The whole answer once every KV write is complete in the decode worker's memory,
+        or None when the hand-off failed after the first token (the reservation given
+        back, the failed worker dealt with as before it: ``_failed``)."""
+        if self.response is not None:
+            return self.response
+        try:
+            self.response = await _read(self.call, self.rid)
+            return self.response
+        except grpc.aio.AioRpcError as exc:
+            return await _failed(self.flow, self.prefill, self.d_stub, self.rid, exc)
+        except BaseException:
+            await reservation.give_back(self.d_stub, self.rid)
+            raise
+        finally:
+            self.renewing.cancel()
+
+    async def settled(self) -> None:
+        """``landed`` for a request the caller already has whole: a failure now is the
+        hand-off's alone (dealt with as in ``landed``), not the caller's."""
+        with contextlib.suppress(grpc.aio.AioRpcError, UnavailableError):
+            await self.landed()
+
+    def close(self) -> None:
+        """Stop renewing; cancel the prefill call if it is still running (the caller left)."""
+        self.renewing.cancel()
+        self.call.cancel()
+
+
+async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any) -> Handoff | None:
     rid = flow.call_id
     call = prefill_stub(prefill.address).PrefillStream(metadata=flow.metadata, timeout=flow.left())
     reserve = d_stub.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
@@ -88,22 +140,43 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
     renewing = asyncio.create_task(reservation.keep_alive(d_stub, rid, flow.core.cfg.lease_ms))
     try:
         await send(call, messages.destination_message(rid, handle), last=True)
-        response = await call
+        first = await _read(call, rid)
     except grpc.aio.AioRpcError as exc:
-        await reservation.give_back(d_stub, rid)
-        if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
-            failover.replace_decode(flow, exc, "kv transfer")
-            return None
-        if not flow.worker_failed(exc):
-            raise
-        flow.core.workers.call_failed(prefill, exc.code())
-        flow.tried.add(prefill.worker_id)
-        flow.core.prefill_retries += 1
-        log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, rid, exc.code().name, exc.details())
-        return None
+        renewing.cancel()
+        return await _failed(flow, prefill, d_stub, rid, exc)
     except BaseException:
+        renewing.cancel()
         await reservation.give_back(d_stub, rid)
         raise
-    finally:
+    handoff = Handoff(flow, prefill, d_stub, rid, call, handle, first, renewing)
+    if not first.first_only:  # the whole answer at once
         renewing.cancel()
-    return response, handle
+        handoff.response = first
+    return handoff
+
+
+async def _read(call: Any, rid: str) -> Any:
+    """The prefill call's next answer; its status when it failed instead."""
+    msg = await call.read()
+    if msg is grpc.aio.EOF:
+        await call  # raises the call's status when it failed
+        raise UnavailableError(f"the prefill worker ended {rid}'s call without its answer")
+    return msg
+
+
+async def _failed(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any, rid: str,
+                  exc: grpc.aio.AioRpcError) -> None:
+    """A prefill call that failed once the reservation was made: the reservation goes
+    back and the failed worker is left for another, or ``exc`` is raised when it was not
+    a worker's failure (the caller left, the deadline passed)."""
+    await reservation.give_back(d_stub, rid)
+    if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
+        failover.replace_decode(flow, exc, "kv transfer")
+        return None
+    if not flow.worker_failed(exc):
+        raise exc
+    flow.core.workers.call_failed(prefill, exc.code())
+    flow.tried.add(prefill.worker_id)
+    flow.core.prefill_retries += 1
+    log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, rid, exc.code().name, exc.details())
+    return None

@@ -5,7 +5,9 @@ and a killed worker produces that only now and then, so a test cannot cause it o
 demand. This proxy forwards every call's bytes to the real worker and back, except the
 calls ``breaks`` names, which it ends with INTERNAL before forwarding anything, and the
 calls ``breaks_after`` names, whose answer it replaces with INTERNAL (the worker acted;
-the caller cannot know).
+the caller cannot know), and the calls ``breaks_between`` names, which it ends with
+INTERNAL after the worker's first message of several (``PrefillStream``'s first token)
+once the worker has answered the rest.
 
 A call is named by its method and the request id in its first message (the router's id
 for that attempt: ``r1`` first, ``r1~1`` for its first retry), not by the order calls
@@ -35,11 +37,14 @@ _FIRST_MESSAGE = {"Reserve": worker_pb2.ReserveRequest, "PrefillStream": worker_
 
 class BreakingProxy:
     def __init__(self, target: str, breaks: dict[str, set[str]],
-                 breaks_after: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0) -> None:
+                 breaks_after: dict[str, set[str]] | None = None,
+                 breaks_between: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0) -> None:
         self.breaks = breaks
         """Method name (``Reserve``, ``PrefillStream``) -> request ids of its calls to break."""
         self.breaks_after = breaks_after or {}
         """Method name -> request ids of its calls whose answer is replaced with INTERNAL."""
+        self.breaks_between = breaks_between or {}
+        """Method name -> request ids of its calls broken after the worker's first message."""
         self.cancel_delay_s = cancel_delay_s
         self.broken: list[str] = []
         """``"<method> <request id> before|after"`` for each call broken, in order."""
@@ -102,6 +107,9 @@ class _Handler(grpc.GenericRpcHandler):
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
             answer = list(proxy.forward(method, itertools.chain([first], requests), context))  # the worker answered
             if proxy.breaking(proxy.breaks_after, name, request_id, "after"):
+                context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+            if proxy.breaking(proxy.breaks_between, name, request_id, "between"):
+                yield answer[0]
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
             yield from answer
 

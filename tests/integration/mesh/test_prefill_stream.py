@@ -13,7 +13,7 @@ import pytest
 
 from pdmesh.launcher import Mesh
 from pdmesh.rpc import messages
-from pdmesh.rpc.clients import prefill_stub
+from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import worker_pb2
 from tests.integration.mesh.conftest import wait_idle
@@ -31,10 +31,42 @@ def test_a_stream_without_its_destination_is_refused(mesh: Mesh, second: str) ->
             await call.write(worker_pb2.PrefillRequest(request_id=f"no-dest-{second}"))
         await call.done_writing()
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await call
+            async for msg in call:  # the first token may come first: it does not wait for the destination
+                assert msg.first_only
         return err.value
 
     err = asyncio.run(run())
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "destination" in (err.details() or "")
+    wait_idle(mesh)
+
+
+def test_the_first_token_is_answered_before_the_kv_write(mesh: Mesh) -> None:
+    """``PrefillStream`` answers twice: the first token alone (``first_only``), then the
+    whole answer once the KV is in the reservation: the same token, with the write's
+    figures. Given back, the reservation leaves no block on either worker."""
+    rng = random.Random(11)
+    prompt = [rng.randrange(5, 1000) for _ in range(150)]
+    params = SamplingParams(max_tokens=4, temperature=0)
+
+    async def run() -> list[worker_pb2.PrefillResponse]:
+        rid = "two-answers"
+        decode = decode_stub(mesh.decode[0].address)
+        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
+        try:
+            call = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
+            await call.write(messages.prefill_request(rid, prompt, params, None))
+            await call.write(messages.destination_message(rid, handle))
+            await call.done_writing()
+            answers = [msg async for msg in call]
+            assert (await call.code()) == grpc.StatusCode.OK
+            return answers
+        finally:
+            await decode.Release(messages.release_request(rid), timeout=30)
+
+    first, whole = asyncio.run(run())
+    assert first.first_only and not whole.first_only
+    assert first.first_token_id == whole.first_token_id and first.first_text == whole.first_text
+    assert first.blocks_transferred == 0 and not first.HasField("kv_written_inline")
+    assert whole.blocks_transferred == -(-len(prompt) // 16) and whole.bytes_transferred > 0
     wait_idle(mesh)

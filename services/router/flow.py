@@ -198,9 +198,8 @@ class RequestFlow:
             if relayed is not None:
                 self._streamed(relayed)
                 yield relayed
-                if relayed.finish_reason:  # it ends the request: the decode worker has nothing to add
-                    await h.settled()  # and its reservation goes back once no KV lands in it
-                    return
+                if relayed.finish_reason:
+                    return  # it ends the request: the decode worker has nothing to add
             landed = await h.landed()
             if landed is None:  # the hand-off failed after its first token
                 call, relayed = self._continue(), None
@@ -209,6 +208,8 @@ class RequestFlow:
             async for resp in self._decoded(call, relayed):
                 yield resp
         finally:
+            if self.finished:  # also when the caller stops reading at its last message
+                await h.settled()  # the reservation goes back once no KV lands in it
             h.close()
             if relayed is not None and not self.decode_answered:
                 # No Decode claimed the reservation (none was needed, or the caller left or

@@ -85,13 +85,16 @@ class Handoff:
     renewing: asyncio.Task[None]
     response: Any = None
     """The whole answer, once the KV landed."""
+    ended: bool = False
+    """``landed`` has run: what it found stands (a failure is dealt with once)."""
 
     async def landed(self) -> Any | None:
         """The whole answer once every KV write is complete in the decode worker's memory,
         or None when the hand-off failed after the first token (the reservation given
         back, the failed worker dealt with as before it: ``_failed``)."""
-        if self.response is not None:
+        if self.ended:
             return self.response
+        self.ended = True
         try:
             self.response = await _read(self.call, self.rid)
             return self.response
@@ -151,7 +154,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
     handoff = Handoff(flow, prefill, d_stub, rid, call, handle, first, renewing)
     if not first.first_only:  # the whole answer at once
         renewing.cancel()
-        handoff.response = first
+        handoff.response, handoff.ended = first, True
     return handoff
 
 

@@ -63,7 +63,7 @@ def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str]
     with tempfile.TemporaryDirectory(prefix="pdmesh-lone-") as tmp:
         lone = lone_ttfts(args, {"mesh": mesh, "one worker": one}, prompts, threads, Path(tmp) / "steps")
     ttft = _p50_ms(lone, lambda r: r.ttft)
-    label = f"{plen}-token prompts, one at a time, {n} each way"
+    label = f"{plen}-token prompts, {args.lone_tokens} token(s) out, one at a time, {n} each way"
     rows.append(Row("lone request", f"TTFT p50 added vs one worker ({label}) (ms)", ttft["mesh"] - ttft["one worker"],
                     note=_by_way(ttft)))
     rows.append(Row("lone request", f"TTFT p50 added vs in process, {threads} thread(s) (ms)",
@@ -104,6 +104,8 @@ def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: li
     from pdmesh.bench.engine import _run_engine
     from pdmesh.client import Client
     from pdmesh.engine.async_engine import LEND_AFTER_IDLE_S
+
+    tokens = args.lone_tokens  # the first is timed; more take the mesh's Decode path after it
     from pdmesh.engine.llm_engine import LLMEngine
 
     order = random.Random(2)
@@ -120,9 +122,9 @@ def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: li
             def first_token(way: str, prompt: list[int]) -> Lone:
                 t0 = time.monotonic()
                 if way == "in process":
-                    return Lone(way, t0, _run_engine(engine, [prompt], 1)["ttft_p50"])
+                    return Lone(way, t0, _run_engine(engine, [prompt], tokens)["ttft_p50"])
                 first = 0.0
-                for resp in clients[way].generate(prompt, max_tokens=1, temperature=0):
+                for resp in clients[way].generate(prompt, max_tokens=tokens, temperature=0):
                     first = first or (time.monotonic() - t0 if resp.token_ids else 0.0)
                 return Lone(way, t0, first)  # read to the end: a stream left early is cancelled meanwhile
 

@@ -109,6 +109,9 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
                        type=lambda v: [x for x in v.split(",") if x],
                        help="which parts to run: engine (mesh vs in-process), kv (KV writes vs raw "
                             "NIXL), routing, index (default: %(default)s)")
+    bmesh.add_argument("--lone-tokens", type=int, default=1,
+                       help="tokens each lone request of the engine section asks for; its row times "
+                            "the first (default: %(default)s)")
     bmesh.set_defaults(func=_bench("mesh"))
     bprof = bsub.add_parser("profile", help="where one engine step spends its time, by operator")
     add_config_flags(bprof, EngineArgs, config_file=False)

@@ -38,9 +38,9 @@ def test_bench_mesh_refuses_a_section_it_does_not_have() -> None:
 
 def test_bench_mesh_quick_runs_the_engine_and_kv_sections(llama_dir: Path, tmp_path: Path) -> None:
     _, data = run_bench(tmp_path / "mesh.json", "mesh", "--model", str(llama_dir), "--quick",
-                        "--sections", "engine,kv", "--threads", "1", timeout=600)
+                        "--sections", "engine,kv", "--threads", "1", "--lone-tokens", "3", timeout=600)
     rows = {r["metric"]: r for r in data["rows"]}
-    lone = rows["TTFT p50 added vs one worker (64-token prompts, one at a time, 4 each way) (ms)"]
+    lone = rows["TTFT p50 added vs one worker (64-token prompts, 3 token(s) out, one at a time, 4 each way) (ms)"]
     assert lone["note"].startswith("mesh ") and " / one worker " in lone["note"] and " / in process " in lone["note"]
     assert "TTFT p50 added vs in process, 1 thread(s) (ms)" in rows
     beyond = rows["TTFT p50 beyond the forward pass, added vs one worker (ms)"]  # every forward matched

@@ -152,7 +152,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         await reservation.give_back(d_stub, rid)
         raise
     handoff = Handoff(flow, prefill, d_stub, rid, call, handle, first, renewing)
-    if not first.first_only:  # the whole answer at once
+    if not first.first_only:  # a prefill worker from before the split answers once (rolling upgrades)
         renewing.cancel()
         handoff.response, handoff.ended = first, True
     return handoff

@@ -104,9 +104,9 @@ def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: li
     from pdmesh.bench.engine import _run_engine
     from pdmesh.client import Client
     from pdmesh.engine.async_engine import LEND_AFTER_IDLE_S
+    from pdmesh.engine.llm_engine import LLMEngine
 
     tokens = args.lone_tokens  # the first is timed; more take the mesh's Decode path after it
-    from pdmesh.engine.llm_engine import LLMEngine
 
     order = random.Random(2)
     out: list[Lone] = []

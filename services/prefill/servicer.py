@@ -166,9 +166,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         try:
             try:
                 if job.early is not None:
-                    await self._answer_early(job, final, computed_at, sender)
+                    await job.early(self._first_token(job, final, computed_at, first_only=True))
                 sent_blocks = await sender.finish(-(-len(job.prompt) // core.cfg.block_size))
             finally:
+                await sender.stop()  # done already after finish; after a failed early answer, the writes stop
                 dest = sender.dest
                 if dest is not None:
                     transfer.set_attributes({
@@ -207,25 +208,15 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             raise RuntimeError(f"prefill of {job.request_id} produced no token")
         return final
 
-    async def _answer_early(self, job: PrefillJob, final: RequestOutput, computed_at: float,
-                            sender: ChunkSender) -> None:
-        """``PrefillStream``'s first answer; the writes stop when it cannot be sent (the
-        caller went away)."""
-        first = self._first_token(job, final, computed_at)
-        first.first_only = True
-        try:
-            await job.early(first)  # type: ignore[misc]
-        except BaseException:
-            await sender.stop()
-            raise
-
-    def _first_token(self, job: PrefillJob, final: RequestOutput, computed_at: float) -> worker_pb2.PrefillResponse:
+    def _first_token(self, job: PrefillJob, final: RequestOutput, computed_at: float,
+                     first_only: bool = False) -> worker_pb2.PrefillResponse:
         """The answer's first-token fields: all ``PrefillStream``'s first message carries."""
         comp = final.outputs[0]
         resp = worker_pb2.PrefillResponse(
             first_token_id=comp.token_ids[0], cached_tokens=final.metrics.num_cached_tokens,
             prefill_ms=1000 * (computed_at - job.started),
             first_stopped=comp.finish_reason == "stop",  # EOS or a stop token: max_tokens is 1
+            first_only=first_only,
         )
         if not job.user_stops:
             resp.first_text = comp.text

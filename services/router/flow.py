@@ -30,7 +30,6 @@ import grpc
 from pdmesh.errors import UnavailableError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.rpc import messages
-from pdmesh.rpc.clients import decode_stub
 from pdmesh.rpc.status import PEER_FAILURE
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
@@ -191,7 +190,6 @@ class RequestFlow:
         """The first token straight from the prefill worker where its text is certain
         (``first_token``), while its KV is written; then the decode worker's stream once
         the KV landed, no ``Decode`` at all when that token ends the request."""
-        d_stub, rid = decode_stub(self.decode_worker().address), self.call_id
         relayed = first_token.early(h.first, self.params, len(self.prompt),
                                     max(h.handle.cached_tokens, h.first.cached_tokens))
         try:
@@ -204,7 +202,7 @@ class RequestFlow:
             if landed is None:  # the hand-off failed after its first token
                 call, relayed = self._continue(), None
             else:
-                call = self._decode_call("Decode", messages.decode_request(rid, landed, h.handle))
+                call = self._decode_call("Decode", messages.decode_request(h.rid, landed, h.handle))
             async for resp in self._decoded(call, relayed):
                 yield resp
         finally:
@@ -215,7 +213,7 @@ class RequestFlow:
                 # No Decode claimed the reservation (none was needed, or the caller left or
                 # the call failed first, maybe before it reached the worker): give it back
                 # now, not at the end of its lease.
-                await reservation.give_back(d_stub, rid, h.response)
+                await reservation.give_back(h.d_stub, h.rid, h.response)
 
     async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
         """Relay a decode stream (less ``relayed``, the first token when the caller has it

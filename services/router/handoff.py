@@ -80,9 +80,10 @@ class Handoff:
     call: Any
     handle: Any
     """The decode worker's reservation (a ``KvHandle``)."""
-    first: Any
-    """The first token (a ``PrefillResponse``; the whole answer from a worker that answers once)."""
     renewing: asyncio.Task[None]
+    """Keeps the reservation's lease until the KV landed or the hand-off failed."""
+    first: Any = None
+    """The first token (a ``PrefillResponse``; the whole answer from a worker that answers once)."""
     response: Any = None
     """The whole answer, once the KV landed."""
     ended: bool = False
@@ -90,21 +91,31 @@ class Handoff:
 
     async def landed(self) -> Any | None:
         """The whole answer once every KV write is complete in the decode worker's memory,
-        or None when the hand-off failed after the first token (the reservation given
-        back, the failed worker dealt with as before it: ``_failed``)."""
-        if self.ended:
-            return self.response
-        self.ended = True
+        or None when the hand-off failed after the first token (``_answer``)."""
+        if not self.ended:
+            self.ended = True
+            self.response = await self._answer()
+            self.renewing.cancel()
+        return self.response
+
+    async def _answer(self) -> Any | None:
+        """The prefill call's next answer, or None when it failed at a worker: the
+        reservation goes back and the failed worker is dealt with (``_failed``); any other
+        failure is raised, the reservation given back too."""
         try:
-            self.response = await _read(self.call, self.rid)
-            return self.response
+            msg = await self.call.read()  # raises the call's status when it failed
         except grpc.aio.AioRpcError as exc:
+            self.renewing.cancel()
             return await _failed(self.flow, self.prefill, self.d_stub, self.rid, exc)
         except BaseException:
+            self.renewing.cancel()
             await reservation.give_back(self.d_stub, self.rid)
             raise
-        finally:
+        if msg is grpc.aio.EOF:  # ended OK with nothing more to say: a broken worker
             self.renewing.cancel()
+            await reservation.give_back(self.d_stub, self.rid)
+            raise UnavailableError(f"the prefill worker ended {self.rid}'s call without its answer")
+        return msg
 
     async def settled(self) -> None:
         """``landed`` for a request the caller already has whole: a failure now is the
@@ -126,7 +137,8 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
     await send(call, messages.prefill_request(rid, flow.prompt, flow.params, None, flow.outside))
     try:
         handle = await reserve
-    except grpc.aio.AioRpcError as exc:
+        await send(call, messages.destination_message(rid, handle), last=True)  # refused: the read says why
+    except grpc.aio.AioRpcError as exc:  # Reserve's failure
         call.cancel()
         if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # full: nothing was reserved
             if not flow.worker_failed(exc):
@@ -141,30 +153,14 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         await reservation.give_back(d_stub, rid)
         raise
     renewing = asyncio.create_task(reservation.keep_alive(d_stub, rid, flow.core.cfg.lease_ms))
-    try:
-        await send(call, messages.destination_message(rid, handle), last=True)
-        first = await _read(call, rid)
-    except grpc.aio.AioRpcError as exc:
+    handoff = Handoff(flow, prefill, d_stub, rid, call, handle, renewing)
+    handoff.first = await handoff._answer()
+    if handoff.first is None:
+        return None
+    if not handoff.first.first_only:  # a prefill worker from before the split answers once (rolling upgrades)
+        handoff.response, handoff.ended = handoff.first, True
         renewing.cancel()
-        return await _failed(flow, prefill, d_stub, rid, exc)
-    except BaseException:
-        renewing.cancel()
-        await reservation.give_back(d_stub, rid)
-        raise
-    handoff = Handoff(flow, prefill, d_stub, rid, call, handle, first, renewing)
-    if not first.first_only:  # a prefill worker from before the split answers once (rolling upgrades)
-        renewing.cancel()
-        handoff.response, handoff.ended = first, True
     return handoff
-
-
-async def _read(call: Any, rid: str) -> Any:
-    """The prefill call's next answer; its status when it failed instead."""
-    msg = await call.read()
-    if msg is grpc.aio.EOF:
-        await call  # raises the call's status when it failed
-        raise UnavailableError(f"the prefill worker ended {rid}'s call without its answer")
-    return msg
 
 
 async def _failed(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any, rid: str,

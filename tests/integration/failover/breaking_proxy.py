@@ -7,7 +7,9 @@ calls ``breaks`` names, which it ends with INTERNAL before forwarding anything, 
 calls ``breaks_after`` names, whose answer it replaces with INTERNAL (the worker acted;
 the caller cannot know), and the calls ``breaks_between`` names, which it ends with
 INTERNAL after the worker's first message of several (``PrefillStream``'s first token)
-once the worker has answered the rest.
+once the worker has answered the rest. It can also play a prefill worker from before
+``PrefillStream`` answered twice (a rolling upgrade): for the calls ``answers_once`` names
+it drops the first-token answer (``first_only``) and passes the whole one.
 
 A call is named by its method and the request id in its first message (the router's id
 for that attempt: ``r1`` first, ``r1~1`` for its first retry), not by the order calls
@@ -38,7 +40,8 @@ _FIRST_MESSAGE = {"Reserve": worker_pb2.ReserveRequest, "PrefillStream": worker_
 class BreakingProxy:
     def __init__(self, target: str, breaks: dict[str, set[str]],
                  breaks_after: dict[str, set[str]] | None = None,
-                 breaks_between: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0) -> None:
+                 breaks_between: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0,
+                 answers_once: dict[str, set[str]] | None = None) -> None:
         self.breaks = breaks
         """Method name (``Reserve``, ``PrefillStream``) -> request ids of its calls to break."""
         self.breaks_after = breaks_after or {}
@@ -46,8 +49,11 @@ class BreakingProxy:
         self.breaks_between = breaks_between or {}
         """Method name -> request ids of its calls broken after the worker's first message."""
         self.cancel_delay_s = cancel_delay_s
+        self.answers_once = answers_once or {}
+        """Method name (``PrefillStream``) -> request ids of its calls answered once, at the end."""
         self.broken: list[str] = []
-        """``"<method> <request id> before|after"`` for each call broken, in order."""
+        """``"<method> <request id> before|after|between|once"`` for each call broken (or
+        answered once), in order."""
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(target)
         self._server = grpc.server(futures.ThreadPoolExecutor(32), handlers=[_Handler(self)])
@@ -111,6 +117,8 @@ class _Handler(grpc.GenericRpcHandler):
             if proxy.breaking(proxy.breaks_between, name, request_id, "between"):
                 yield answer[0]
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+            if proxy.breaking(proxy.answers_once, name, request_id, "once"):
+                answer = [a for a in answer if not worker_pb2.PrefillResponse.FromString(a).first_only]
             yield from answer
 
         return grpc.stream_stream_rpc_method_handler(handle)

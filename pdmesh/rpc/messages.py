@@ -51,6 +51,12 @@ def destination_message(rid: str, handle: Any) -> worker_pb2.PrefillRequest:
     return msg
 
 
+def stop_message(rid: str) -> worker_pb2.PrefillRequest:
+    """``PrefillStream``'s third message, when the request will not decode: stop, and end the
+    call once no KV write is in flight."""
+    return worker_pb2.PrefillRequest(request_id=rid, stop=True)
+
+
 def decode_request(rid: str, prefill_response: Any, handle: Any) -> worker_pb2.DecodeRequest:
     msg = worker_pb2.DecodeRequest(
         request_id=rid, first_token_id=prefill_response.first_token_id,

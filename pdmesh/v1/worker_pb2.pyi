@@ -137,20 +137,22 @@ class KvHandle(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., first_block: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., compat_hash: _Optional[str] = ..., lease_expiry_unix_ms: _Optional[int] = ..., transfer_id: _Optional[str] = ..., worker_address: _Optional[str] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "destination", "index_view")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "destination", "index_view", "stop")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     INDEX_VIEW_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     cache_salt: str
     destination: KvHandle
     index_view: IndexView
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., destination: _Optional[_Union[KvHandle, _Mapping]] = ..., index_view: _Optional[_Union[IndexView, _Mapping]] = ...) -> None: ...
+    stop: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., destination: _Optional[_Union[KvHandle, _Mapping]] = ..., index_view: _Optional[_Union[IndexView, _Mapping]] = ..., stop: _Optional[bool] = ...) -> None: ...
 
 class IndexView(_message.Message):
     __slots__ = ("tier_blocks",)

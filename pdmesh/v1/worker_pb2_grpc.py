@@ -148,6 +148,10 @@ class PrefillServicer:
         twice: the first token alone (``first_only``) as soon as it is sampled, so the caller
         can stream it while the KV is still being written, then the whole answer once every
         write is complete at the destination (what ``Prefill`` returns).
+        A third message with ``stop`` asks the worker to give the request up: it stops
+        computing, lets any write in flight complete, posts no other, and ends the call
+        CANCELLED. The caller gives the reservation back only then: a reservation freed
+        while a write into it is still in flight could be handed to another request first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

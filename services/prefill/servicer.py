@@ -25,6 +25,7 @@ time to first token; docs/performance.md §38), then the whole answer after 4.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -93,13 +94,19 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> None:
         """The request, then its destination in a second message, read while it computes;
-        the first token is answered before the KV write, the whole answer after it."""
+        the first token is answered before the KV write, the whole answer after it. A third
+        message, ``stop``, gives the request up: computing stops, a write in flight lands,
+        no other starts, and the call ends CANCELLED only then, so that the router may
+        free the reservation."""
         request = await read_message(context)
         if request is grpc.aio.EOF:
             raise InvalidRequestError("PrefillStream", "the stream ended before the request")
         destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
+        work = asyncio.ensure_future(self._prefill(request, context, destination, early=context.write))
+        stopped = False
 
-        async def read_destination() -> None:
+        async def read_rest() -> None:
+            nonlocal stopped
             try:
                 msg = await read_message(context)
             except Exception as exc:  # noqa: BLE001 - the prefill fails with it
@@ -108,18 +115,30 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             if msg is grpc.aio.EOF or not msg.HasField("destination"):
                 destination.set_exception(InvalidRequestError(
                     "destination", "PrefillStream's second message must carry the destination"))
-            else:
-                destination.set_result(destination_from_proto(msg.destination))
+                return
+            destination.set_result(destination_from_proto(msg.destination))
+            with contextlib.suppress(Exception):  # the call is ending: its own cancel stops the work
+                msg = await read_message(context)
+                if msg is not grpc.aio.EOF and msg.stop:  # EOF: a router that never stops (older)
+                    stopped = True
+                    work.cancel()
 
-        reader = asyncio.create_task(read_destination())
+        reader = asyncio.create_task(read_rest())
         try:
-            await context.write(await self._prefill(request, context, destination, early=context.write))
+            answer = await work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not stopped or (current is not None and current.cancelling()):
+                raise  # the call itself was cancelled
+            await context.abort(grpc.StatusCode.CANCELLED,
+                                f"{request.request_id}: stopped by its router; no KV write of it is in flight")
         finally:
             reader.cancel()
             if not destination.done():
                 destination.cancel()
             elif not destination.cancelled():
                 destination.exception()  # seen (the prefill already failed with it or without)
+        await context.write(answer)
 
     async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,
                        destination: asyncio.Future[KvDestination],

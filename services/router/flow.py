@@ -33,7 +33,7 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.status import PEER_FAILURE
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.router import failover, first_token, handoff, reservation
+from services.router import failover, first_token, handoff
 from services.router.caller_stream import caller_stream
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
@@ -208,12 +208,12 @@ class RequestFlow:
         finally:
             if self.finished:  # also when the caller stops reading at its last message
                 await h.settled()  # the reservation goes back once no KV lands in it
-            h.close()
             if relayed is not None and not self.decode_answered:
                 # No Decode claimed the reservation (none was needed, or the caller left or
                 # the call failed first, maybe before it reached the worker): give it back
-                # now, not at the end of its lease.
-                await reservation.give_back(h.d_stub, h.rid, h.response)
+                # now, not at the end of its lease, and not before the prefill worker stopped.
+                await h.give_back()
+            h.close()
 
     async def _decoded(self, call: Any, relayed: Any = None) -> AsyncIterator[Any]:
         """Relay a decode stream (less ``relayed``, the first token when the caller has it

@@ -9,8 +9,9 @@ KV, and the whole answer after (``Handoff.landed``): the write is off that path 
 Either call failing ends the other: a decode worker that is
 unreachable, full or broken mid-call is replaced and the request tried again, so is a
 prefill worker that is unreachable (marked down) or broke the call (asked for its Info:
-``Registry.call_failed``), and the reservation is given back whenever the prefill did not
-answer.
+``Registry.call_failed``), and the reservation is given back whenever the request will
+not decode from it: once the prefill call ended, never while a write into it may still be
+in flight (``prefill_call.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pdmesh.errors import UnavailableError
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from services.router import failover, reservation
+from services.router.prefill_call import PrefillCall
 
 if TYPE_CHECKING:
     from services.router.flow import RequestFlow
@@ -46,16 +48,24 @@ class CallGroup:
         return any([call.cancel() for call in self.calls])
 
 
-async def send(call: Any, msg: Any, last: bool = False) -> None:
-    """Write ``msg`` on a client-streaming ``call`` (and half-close it when ``last``). A call
-    that already ended refuses the write; awaiting the call raises its status, which says
-    why, so the refusal itself is not raised here."""
-    try:
-        await call.write(msg)
-        if last:
-            await call.done_writing()
-    except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-        pass
+def stop_wait_s(flow: RequestFlow) -> float:
+    """How long a prefill worker may take to stop: half a lease, which the reservation has
+    left at least (renewed every third), so it never lapses while a write may land."""
+    return flow.core.cfg.lease_ms / 2000
+
+
+async def give_back_when_stopped(call: PrefillCall, d_stub: Any, rid: str, wait_s: float,
+                                 prefill_response: Any = None) -> None:
+    """Give the reservation back once ``call`` can write into it no more; a worker that did
+    not stop in time leaves it to its lease (shielded: the caller may have been cancelled)."""
+    async def run() -> None:
+        if await call.stopped(wait_s):
+            await reservation.give_back(d_stub, rid, prefill_response)
+        else:
+            log.warning("the prefill worker did not stop %s within %.1fs: its reservation is left to its lease",
+                        rid, wait_s)
+
+    await asyncio.shield(run())
 
 
 async def reserve_and_prefill(flow: RequestFlow) -> Handoff | None:
@@ -77,7 +87,7 @@ class Handoff:
     prefill: WorkerHandle
     d_stub: Any
     rid: str
-    call: Any
+    call: PrefillCall
     handle: Any
     """The decode worker's reservation (a ``KvHandle``)."""
     renewing: asyncio.Task[None]
@@ -88,6 +98,8 @@ class Handoff:
     """The whole answer, once the KV landed."""
     ended: bool = False
     """``landed`` has run: what it found stands (a failure is dealt with once)."""
+    returned: bool = False
+    """The reservation was given back (or left to its lease): once is enough."""
 
     async def landed(self) -> Any | None:
         """The whole answer once every KV write is complete in the decode worker's memory,
@@ -101,21 +113,43 @@ class Handoff:
     async def _answer(self) -> Any | None:
         """The prefill call's next answer, or None when it failed at a worker: the
         reservation goes back and the failed worker is dealt with (``_failed``); any other
-        failure is raised, the reservation given back too."""
+        failure is raised, the reservation given back once the worker stopped. An answer
+        that crossed an abort on its way counts as the abort."""
         try:
             msg = await self.call.read()  # raises the call's status when it failed
         except grpc.aio.AioRpcError as exc:
-            self.renewing.cancel()
-            return await _failed(self.flow, self.prefill, self.d_stub, self.rid, exc)
+            return await self._failed(exc)
         except BaseException:
-            self.renewing.cancel()
-            await reservation.give_back(self.d_stub, self.rid)
+            await self.give_back()
             raise
         if msg is grpc.aio.EOF:  # ended OK with nothing more to say: a broken worker
-            self.renewing.cancel()
-            await reservation.give_back(self.d_stub, self.rid)
+            await self.give_back()
             raise UnavailableError(f"the prefill worker ended {self.rid}'s call without its answer")
+        if self.flow.aborted:
+            await self.give_back()
+            raise asyncio.CancelledError
         return msg
+
+    async def _failed(self, exc: grpc.aio.AioRpcError) -> None:
+        """The prefill call failed once the reservation was made: the reservation goes back
+        and the failed worker is left for another, or ``exc`` is raised when it was not a
+        worker's failure (the caller left, the deadline passed); an abort is raised as the
+        cancel it is (the worker's CANCELLED answers the router's stop)."""
+        flow, prefill = self.flow, self.prefill
+        await self.give_back()
+        if flow.aborted:
+            raise asyncio.CancelledError
+        if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
+            failover.replace_decode(flow, exc, "kv transfer")
+            return None
+        if not flow.worker_failed(exc):
+            raise exc
+        flow.core.workers.call_failed(prefill, exc.code())
+        flow.tried.add(prefill.worker_id)
+        flow.core.prefill_retries += 1
+        log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, self.rid, exc.code().name,
+                    exc.details())
+        return None
 
     async def settled(self) -> None:
         """``landed`` for a request the caller already has whole: a failure now is the
@@ -123,23 +157,32 @@ class Handoff:
         with contextlib.suppress(grpc.aio.AioRpcError, UnavailableError):
             await self.landed()
 
-    def close(self) -> None:
-        """Stop renewing; cancel the prefill call if it is still running (the caller left)."""
+    async def give_back(self) -> None:
+        """Give the reservation back, once, after the prefill worker stopped writing into it
+        (``give_back_when_stopped``)."""
         self.renewing.cancel()
-        self.call.cancel()
+        if not self.returned:
+            self.returned = True
+            await give_back_when_stopped(self.call, self.d_stub, self.rid, stop_wait_s(self.flow), self.response)
+
+    def close(self) -> None:
+        """Stop renewing and end the call: for after ``landed`` or ``give_back``, when no
+        write of it can be in flight any more."""
+        self.renewing.cancel()
+        self.call.abandon()
 
 
 async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any) -> Handoff | None:
     rid = flow.call_id
-    call = prefill_stub(prefill.address).PrefillStream(metadata=flow.metadata, timeout=flow.left())
+    call = PrefillCall(prefill_stub(prefill.address).PrefillStream(metadata=flow.metadata, timeout=flow.left()), rid)
     reserve = d_stub.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
     flow.start_call(CallGroup((call, reserve)))
-    await send(call, messages.prefill_request(rid, flow.prompt, flow.params, None, flow.outside))
+    await call.request(messages.prefill_request(rid, flow.prompt, flow.params, None, flow.outside))
     try:
         handle = await reserve
-        await send(call, messages.destination_message(rid, handle), last=True)  # refused: the read says why
+        await call.destination(handle)  # refused: the read says why
     except grpc.aio.AioRpcError as exc:  # Reserve's failure
-        call.cancel()
+        call.abandon()  # no destination went: nothing is written
         if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # full: nothing was reserved
             if not flow.worker_failed(exc):
                 raise
@@ -149,8 +192,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         failover.replace_decode(flow, exc, "reserve")  # failed, or full: the next decode worker
         return None
     except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end
-        call.cancel()
-        await reservation.give_back(d_stub, rid)
+        await give_back_when_stopped(call, d_stub, rid, stop_wait_s(flow))
         raise
     renewing = asyncio.create_task(reservation.keep_alive(d_stub, rid, flow.core.cfg.lease_ms))
     handoff = Handoff(flow, prefill, d_stub, rid, call, handle, renewing)
@@ -161,21 +203,3 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         handoff.response, handoff.ended = handoff.first, True
         renewing.cancel()
     return handoff
-
-
-async def _failed(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any, rid: str,
-                  exc: grpc.aio.AioRpcError) -> None:
-    """A prefill call that failed once the reservation was made: the reservation goes
-    back and the failed worker is left for another, or ``exc`` is raised when it was not
-    a worker's failure (the caller left, the deadline passed)."""
-    await reservation.give_back(d_stub, rid)
-    if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
-        failover.replace_decode(flow, exc, "kv transfer")
-        return None
-    if not flow.worker_failed(exc):
-        raise exc
-    flow.core.workers.call_failed(prefill, exc.code())
-    flow.tried.add(prefill.worker_id)
-    flow.core.prefill_retries += 1
-    log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, rid, exc.code().name, exc.details())
-    return None

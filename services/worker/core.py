@@ -184,7 +184,9 @@ class WorkerCore:
         ))
 
     async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
-        """Write local blocks into a decode worker's (bytes counted)."""
-        moved = await self.transfers.write(peer, src, dst, timeout)
-        self.counters.kv_bytes_sent += moved.bytes
-        return moved
+        """Write local blocks into a decode worker's (bytes counted once they landed, also
+        those of a write whose waiter was cancelled)."""
+        return await self.transfers.write(peer, src, dst, timeout, landed=self._sent)
+
+    def _sent(self, nbytes: int) -> None:
+        self.counters.kv_bytes_sent += nbytes

@@ -2,7 +2,10 @@
 
 A transfer is started on the transport and watched by the ``TransferPoller``'s thread
 until DONE or FAILED; the coroutine waits for that result up to its deadline. The handle is
-released whatever happens. A failed transfer raises ``TransferFailedError``, which the RPC
+released whatever happens. A waiter cancelled while its transfer is in flight still waits
+for it (up to the same deadline) before the cancel goes on: once posted, a write lands
+whether anyone waits or not, and whoever learns from this call's end that no write is in
+flight (the router, before it frees the target blocks) must not learn it early. A failed transfer raises ``TransferFailedError``, which the RPC
 layer turns into ABORTED, and drops the peer (a restarted peer's connection is
 re-established from its ``Info`` on next use) once no other transfer with it is in flight:
 dropped at once, one failed write failed every write in flight to a live peer
@@ -12,6 +15,7 @@ dropped at once, one failed write failed every write in flight to a live peer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -82,12 +86,14 @@ class TransferRunner:
         self._stale: set[str] = set()
         """Peers a transfer failed with since the last that succeeded: dropped when idle."""
 
-    async def write(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
+    async def write(self, peer: str, src: list[int], dst: list[int], timeout: float,
+                    landed: Callable[[int], None] | None = None) -> Moved:
         """Write local blocks into ``peer``'s. Done means the data is in the peer's memory
         (NIXL reports a transfer DONE once its writes are complete at the target), so
-        an RPC sent after it may tell the peer the blocks are there."""
+        an RPC sent after it may tell the peer the blocks are there. ``landed``: told the
+        bytes once they are there, also when the waiter was cancelled meanwhile."""
         return await self._run(peer, lambda: self.transport.write(peer, src, dst),
-                               len(src), timeout, "write", self.writing)
+                               len(src), timeout, "write", self.writing, landed)
 
     async def read(self, peer: str, local: list[int], remote: list[int], timeout: float) -> Moved:
         """Read ``peer``'s blocks into local blocks."""
@@ -104,7 +110,8 @@ class TransferRunner:
         return handle, poll_state(self.transport, handle, what), time.perf_counter()
 
     async def _run(self, peer: str, start: Callable[[], object], blocks: int, timeout: float,
-                   what: str, clock: BusyClock | None = None) -> Moved:
+                   what: str, clock: BusyClock | None = None,
+                   landed: Callable[[int], None] | None = None) -> Moved:
         started = time.perf_counter()
         try:
             handle, state, polled_at = self.priority.call(self._begin, start, f"{what} with {peer}")
@@ -119,13 +126,8 @@ class TransferRunner:
             clock.start(started)
         try:
             if state is TransferState.PENDING:
-                try:
-                    state, done_at = await asyncio.wait_for(
-                        self.poller.watch(handle, f"{what} with {peer}"), timeout)
-                except TimeoutError:
-                    raise TransferFailedError(
-                        f"KV {what} with {peer} did not finish within {timeout:.1f}s"
-                    ) from None
+                state, done_at = await self._watch(handle, f"{what} with {peer}", started, timeout, landed,
+                                                   blocks * self.transport.block_bytes)
                 inline = False
             else:
                 done_at = polled_at
@@ -133,6 +135,8 @@ class TransferRunner:
             failed = state is TransferState.FAILED
             if failed:
                 raise TransferFailedError(f"KV {what} with {peer} failed (peer gone?)")
+            if landed is not None and inline:
+                landed(blocks * self.transport.block_bytes)
             return Moved(blocks * self.transport.block_bytes, done_at - started, inline)
         finally:
             if clock is not None:
@@ -144,6 +148,29 @@ class TransferRunner:
                 self._stale.discard(peer)
             elif failed or peer in self._stale:
                 self._failed(peer)
+
+    async def _watch(self, handle: object, what: str, started: float, timeout: float,
+                     landed: Callable[[int], None] | None, nbytes: int) -> tuple[TransferState, float]:
+        """The poller's verdict on a transfer in flight, within ``timeout`` of ``started``
+        (``time.perf_counter``); cancelled meanwhile, it still waits for the transfer
+        before the cancel goes on."""
+        watch = self.poller.watch(handle, what)
+
+        def seen(w: asyncio.Future[tuple[TransferState, float]]) -> None:
+            if landed is not None and not w.cancelled() and w.result()[0] is TransferState.DONE:
+                landed(nbytes)
+
+        watch.add_done_callback(seen)
+        try:
+            return await asyncio.wait_for(asyncio.shield(watch), max(0.0, started + timeout - time.perf_counter()))
+        except TimeoutError:
+            raise TransferFailedError(f"KV {what} did not finish within {timeout:.1f}s") from None
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):  # a second cancel, a timeout: the first cancel goes on
+                await asyncio.wait_for(asyncio.shield(watch), max(0.0, started + timeout - time.perf_counter()))
+            raise
+        finally:
+            watch.cancel()  # a no-op once it has its verdict
 
     def _failed(self, peer: str) -> None:
         """A transfer with ``peer`` failed: drop it now if nothing else is in flight with

@@ -1,0 +1,121 @@
+"""The router's end of one ``PrefillStream`` call: stopped, never cancelled, once its
+destination is on its way.
+
+Once the prefill worker has a reservation's blocks as its destination it may be writing
+into them, and a reservation given back while a write is in flight could be handed to
+another request before that write lands there. Only the prefill worker knows when its
+writes stopped, so the router asks it (``stop_message``) and gives the reservation back
+once the call ended (``stopped``); the worker ends it only when no write is in flight.
+
+gRPC cancels a call whose read or write is interrupted by the caller's own cancel (a
+client that left), so every read and the destination's write run in their own tasks,
+awaited through ``asyncio.shield``: the call outlives the cancel of whoever waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from pdmesh.rpc import messages
+
+
+async def send(call: Any, msg: Any, last: bool = False) -> None:
+    """Write ``msg`` on a client-streaming ``call`` (and half-close it when ``last``). A call
+    that already ended refuses the write; awaiting the call raises its status, which says
+    why, so the refusal itself is not raised here."""
+    try:
+        await call.write(msg)
+        if last:
+            await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+        pass
+
+
+class PrefillCall:
+    def __init__(self, call: Any, rid: str) -> None:
+        self.call = call
+        self.rid = rid
+        self.destined = False
+        """The destination was (or is being) written: the worker may write KV from now on."""
+        self._destination: asyncio.Future[None] | None = None
+        self._stop: asyncio.Future[None] | None = None
+        self._reading: asyncio.Future[Any] | None = None
+        self._abandoned = False
+        """Cancelled here: its end says nothing about the worker's writes."""
+
+    async def request(self, msg: Any) -> None:
+        await send(self.call, msg)
+
+    async def destination(self, handle: Any) -> None:
+        self.destined = True
+        self._destination = asyncio.ensure_future(send(self.call, messages.destination_message(self.rid, handle)))
+        await asyncio.shield(self._destination)
+
+    async def read(self) -> Any:
+        """The call's next message (``grpc.aio.EOF`` at its end; its status raised when it
+        failed). A cancelled reader leaves the read running for the next one."""
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self.call.read())
+        reading = self._reading
+        try:
+            return await asyncio.shield(reading)
+        finally:
+            if reading.done():
+                self._reading = None
+
+    def cancel(self) -> bool:
+        """What ``RequestFlow.abort`` reaches: a cancel before the destination, a stop after."""
+        if not self.destined:
+            return self.abandon()
+        self._ask_stop()
+        return True
+
+    def abandon(self) -> bool:
+        """Cancel the call outright: for when no write can follow, or waiting for the
+        worker to stop took too long."""
+        self._abandoned = self._abandoned or not self.call.done()
+        if self._reading is not None:  # a read left by a cancelled reader ends with the call: seen here
+            self._reading.add_done_callback(_seen)
+        return self.call.cancel()
+
+    def _ask_stop(self) -> None:
+        if self._stop is None:
+            self._stop = asyncio.ensure_future(self._send_stop())
+
+    async def _send_stop(self) -> None:
+        if self._destination is not None:
+            await self._destination  # one write at a time: the stop follows the destination
+        await send(self.call, messages.stop_message(self.rid), last=True)
+
+    async def stopped(self, wait_s: float) -> bool:
+        """True once no write of this call can still be in flight: the destination never
+        went, or the worker ended the call (asked to stop first when it still runs).
+        False when it did not end within ``wait_s``: the call is then cancelled, and the
+        reservation is best left to its lease."""
+        if not self.destined:
+            self.abandon()
+            return True
+        if self.call.done():
+            return not self._abandoned
+        self._ask_stop()
+        try:
+            async with asyncio.timeout(wait_s):
+                while await self.read() is not grpc.aio.EOF:
+                    pass  # an answer that crossed the stop on its way
+        except TimeoutError:
+            self.abandon()
+            return False
+        except grpc.aio.AioRpcError:  # its end (CANCELLED when it stopped)
+            pass
+        except asyncio.CancelledError:
+            if not self.call.done():  # whoever waits here was cancelled: the call still runs
+                raise
+        return not self._abandoned
+
+
+def _seen(read: asyncio.Future[Any]) -> None:
+    if not read.cancelled():
+        read.exception()

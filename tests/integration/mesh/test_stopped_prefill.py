@@ -1,0 +1,134 @@
+"""A request given up while its KV is still being written: the reservation goes back only
+once no write into it is in flight.
+
+A reservation freed while a write into it is in flight can be reserved for another request
+first, whose KV the late write then overwrites. The prefill worker here starts every KV write
+2 s late (the fault wrapper around real NIXL), so the window between the first token (answered
+before the write) and the write's landing is wide open: the caller cancels, or ``Abort``s,
+right after the first token, and the decode worker must still hold the reservation until the
+prefill worker's write has landed (its ``kv_bytes_sent`` counts the write, cancelled or not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pdmesh.client import Client, build_request
+from pdmesh.launcher import Mesh
+from pdmesh.rpc import messages
+from pdmesh.rpc.clients import decode_stub, prefill_stub
+from pdmesh.sampling_params import SamplingParams
+from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.integration.mesh.conftest import extra_process, infos, wait_idle
+
+WRITE_DELAY_S = 2.0
+
+
+def _info(address: str) -> worker_pb2.WorkerInfo:
+    with grpc.insecure_channel(address) as ch:
+        return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
+
+
+@pytest.fixture(scope="module")
+def slow_prefill(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    args = ["prefill", "--model", mesh.spec.model, "--worker-id", "prefill-late", "--dtype", "float32",
+            "--num-blocks", "256", "--block-size", "16"]
+    with extra_process(tmp_path_factory.mktemp("late"), "prefill-late", args,
+                       {"PDMESH_FAULT_TRANSFER_DELAY_S": str(WRITE_DELAY_S)}) as address:
+        yield address
+
+
+def _prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(5, 1000) for _ in range(150)]
+
+
+def _await_release(mesh: Mesh, prefill: str, sent_before: int, timeout: float = 30.0) -> tuple[int, float]:
+    """Poll until the decode worker holds no reservation; returns what the prefill worker had
+    written right after (bytes since ``sent_before``: a write that lands after the release,
+    2 s after it was posted, is not counted yet) and when the reservation went."""
+    deadline = time.monotonic() + timeout
+    while True:
+        decode = infos(mesh)[mesh.decode[0].name]
+        if decode.num_handoffs == 0:
+            return _info(prefill).kv_bytes_sent - sent_before, time.monotonic()
+        assert time.monotonic() < deadline, f"the decode worker still holds {decode.num_handoffs} reservation(s)"
+        time.sleep(0.02)
+
+
+def _full_blocks_landed(mesh: Mesh, prompt: list[int], written: int) -> bool:
+    block = _info(mesh.decode[0].address).kv_block_bytes
+    return written in (len(prompt) // 16 * block, -(-len(prompt) // 16) * block)
+
+
+def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow_prefill: str) -> None:
+    """``PrefillStream``'s third message, ``stop``: the worker ends the call CANCELLED, and not
+    before the write it had in flight landed."""
+    prompt, params = _prompt(3), SamplingParams(max_tokens=4, temperature=0)
+    sent_before = _info(slow_prefill).kv_bytes_sent
+
+    async def run() -> tuple[grpc.StatusCode, str, float]:
+        rid = "stopped-at-the-worker"
+        decode = decode_stub(mesh.decode[0].address)
+        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 30_000), timeout=30)
+        try:
+            call = prefill_stub(slow_prefill).PrefillStream(timeout=30)
+            await call.write(messages.prefill_request(rid, prompt, params, None))
+            await call.write(messages.destination_message(rid, handle))
+            first = await call.read()
+            assert first.first_only
+            stopped_at = time.monotonic()
+            await call.write(messages.stop_message(rid))
+            await call.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            return err.value.code(), err.value.details() or "", time.monotonic() - stopped_at
+        finally:
+            await decode.Release(messages.release_request(rid), timeout=30)
+
+    code, details, took = asyncio.run(run())
+    assert code == grpc.StatusCode.CANCELLED and "stopped by its router" in details, (code, details)
+    # The full blocks' write was in flight (posted once the destination came); the last,
+    # partial block's is posted after it, unless the stop came first.
+    assert _full_blocks_landed(mesh, prompt, _info(slow_prefill).kv_bytes_sent - sent_before)
+    assert took > WRITE_DELAY_S / 2, f"the call ended {took:.2f}s after the stop, before its write could land"
+    wait_idle(mesh)
+
+
+@pytest.mark.parametrize("how", ["cancel", "abort"])
+def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_the_write(
+    mesh: Mesh, slow_prefill: str, tmp_path: Path, how: str
+) -> None:
+    prompt = _prompt(5 if how == "cancel" else 6)
+    sent_before = _info(slow_prefill).kv_bytes_sent
+    # A router of its own without Redis, so that it knows this prefill worker alone (not the
+    # mesh's, which join through Redis), and prefills every prompt there.
+    router = ["router", "--model", mesh.spec.model, "--prefill", slow_prefill, "--decode", mesh.decode[0].address,
+              "--disaggregation", "strict"]
+    with extra_process(tmp_path, "router-late", router) as address, \
+            grpc.insecure_channel(address) as ch, Client(address) as client:
+        rid = f"given-up-{how}"
+        call = generate_pb2_grpc.GenerationStub(ch).Generate(
+            build_request(prompt, request_id=rid, max_tokens=8, temperature=0, ignore_eos=True), timeout=60)
+        first = next(call)
+        assert len(first.token_ids) == 1 and not first.finish_reason
+        given_up = time.monotonic()
+        if how == "cancel":
+            call.cancel()
+        else:
+            assert client.abort(rid)
+            rest = list(call)  # the stream ends with the abort, not an error
+            assert rest and rest[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
+        written, released = _await_release(mesh, slow_prefill, sent_before)
+    assert _full_blocks_landed(mesh, prompt, written), (
+        f"the reservation went back {released - given_up:.2f}s after the request was given up, "
+        f"with {written} bytes of its KV landed")
+    wait_idle(mesh)

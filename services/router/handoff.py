@@ -116,9 +116,13 @@ class Handoff:
         failure is raised, the reservation given back once the worker stopped. An answer
         that crossed an abort on its way counts as the abort."""
         try:
-            msg = await self.call.read()  # raises the call's status when it failed
+            async with asyncio.timeout_at(self.flow.deadline):  # the call's own runs out later: see below
+                msg = await self.call.read()  # raises the call's status when it failed
         except grpc.aio.AioRpcError as exc:
             return await self._failed(exc)
+        except TimeoutError:
+            await self.give_back()
+            raise TimeoutError(f"{self.flow.request_id}: its deadline passed during its prefill") from None
         except BaseException:
             await self.give_back()
             raise
@@ -166,15 +170,19 @@ class Handoff:
             await give_back_when_stopped(self.call, self.d_stub, self.rid, stop_wait_s(self.flow), self.response)
 
     def close(self) -> None:
-        """Stop renewing and end the call: for after ``landed`` or ``give_back``, when no
-        write of it can be in flight any more."""
+        """Stop renewing and end the call: for after ``landed`` or ``give_back`` (whose stop,
+        when it was cut short by a cancel, goes on: ``PrefillCall.close``)."""
         self.renewing.cancel()
-        self.call.abandon()
+        self.call.close()
 
 
 async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any) -> Handoff | None:
     rid = flow.call_id
-    call = PrefillCall(prefill_stub(prefill.address).PrefillStream(metadata=flow.metadata, timeout=flow.left()), rid)
+    # The request's deadline is kept here (``Handoff._answer``), the call's gRPC deadline only
+    # after the time a worker has to stop: that deadline would end the call at the
+    # router at once, while the worker may still be writing into the reservation.
+    call = PrefillCall(prefill_stub(prefill.address).PrefillStream(
+        metadata=flow.metadata, timeout=flow.left() + stop_wait_s(flow)), rid)
     reserve = d_stub.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
     flow.start_call(CallGroup((call, reserve)))
     await call.request(messages.prefill_request(rid, flow.prompt, flow.params, None, flow.outside))

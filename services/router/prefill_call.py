@@ -81,6 +81,13 @@ class PrefillCall:
             self._reading.add_done_callback(_seen)
         return self.call.cancel()
 
+    def close(self) -> None:
+        """End the call, unless a stop is under way: whoever waits for it (``stopped``) ends
+        it, when the worker has stopped or the wait is over, and a cancel now would cut
+        that wait short."""
+        if self._stop is None or self.call.done():
+            self.abandon()
+
     def _ask_stop(self) -> None:
         if self._stop is None:
             self._stop = asyncio.ensure_future(self._send_stop())

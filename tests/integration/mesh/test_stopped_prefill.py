@@ -4,8 +4,8 @@ once no write into it is in flight.
 A reservation freed while a write into it is in flight can be reserved for another request
 first, whose KV the late write then overwrites. The prefill worker here starts every KV write
 2 s late (the fault wrapper around real NIXL), so the window between the first token (answered
-before the write) and the write's landing is wide open: the caller cancels, or ``Abort``s,
-right after the first token, and the decode worker must still hold the reservation until the
+before the write) and the write's landing is wide open: the caller cancels, ``Abort``s or
+runs out of time right after the first token, and the decode worker must still hold the reservation until the
 prefill worker's write has landed (its ``kv_bytes_sent`` counts the write, cancelled or not).
 """
 
@@ -103,11 +103,11 @@ def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow
     wait_idle(mesh)
 
 
-@pytest.mark.parametrize("how", ["cancel", "abort"])
+@pytest.mark.parametrize("how", ["cancel", "abort", "deadline"])
 def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_the_write(
     mesh: Mesh, slow_prefill: str, tmp_path: Path, how: str
 ) -> None:
-    prompt = _prompt(5 if how == "cancel" else 6)
+    prompt = _prompt({"cancel": 5, "abort": 6, "deadline": 7}[how])
     sent_before = _info(slow_prefill).kv_bytes_sent
     # A router of its own without Redis, so that it knows this prefill worker alone (not the
     # mesh's, which join through Redis), and prefills every prompt there.
@@ -116,13 +116,19 @@ def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_th
     with extra_process(tmp_path, "router-late", router) as address, \
             grpc.insecure_channel(address) as ch, Client(address) as client:
         rid = f"given-up-{how}"
+        # The deadline passes while the write, 2 s late, is in flight.
         call = generate_pb2_grpc.GenerationStub(ch).Generate(
-            build_request(prompt, request_id=rid, max_tokens=8, temperature=0, ignore_eos=True), timeout=60)
+            build_request(prompt, request_id=rid, max_tokens=8, temperature=0, ignore_eos=True),
+            timeout=1.5 if how == "deadline" else 60)
         first = next(call)
         assert len(first.token_ids) == 1 and not first.finish_reason
         given_up = time.monotonic()
         if how == "cancel":
             call.cancel()
+        elif how == "deadline":
+            with pytest.raises(grpc.RpcError) as err:
+                list(call)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
         else:
             assert client.abort(rid)
             rest = list(call)  # the stream ends with the abort, not an error

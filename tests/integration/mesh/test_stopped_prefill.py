@@ -2,11 +2,13 @@
 once no write into it is in flight.
 
 A reservation freed while a write into it is in flight can be reserved for another request
-first, whose KV the late write then overwrites. The prefill worker here starts every KV write
-2 s late (the fault wrapper around real NIXL), so the window between the first token (answered
-before the write) and the write's landing is wide open: the caller cancels, ``Abort``s or
-runs out of time right after the first token, and the decode worker must still hold the reservation until the
-prefill worker's write has landed (its ``kv_bytes_sent`` counts the write, cancelled or not).
+first, whose KV the late write then overwrites. The prefill worker here lands every KV write
+3 s after posting it (the fault wrapper around real NIXL), so the window between the first
+token (answered before the write) and the write's landing is wide open: the caller cancels,
+``Abort``s or runs out of time in it, and the decode worker must still hold the reservation
+until the prefill worker's write has landed (its ``kv_bytes_sent`` counts the write,
+cancelled or not). Each gives up 1.5 s after the first token, by when the write is posted
+(a stop that comes before it only ever finds nothing to wait for).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.mesh.conftest import extra_process, infos, wait_idle
 
-WRITE_DELAY_S = 2.0
+WRITE_DELAY_S = 3.0
+GIVE_UP_AFTER_S = 1.5
+"""After the first token: the write is posted by then and lands 1.5 s later."""
 
 
 def _info(address: str) -> worker_pb2.WorkerInfo:
@@ -53,7 +57,7 @@ def _prompt(seed: int) -> list[int]:
 def _await_release(mesh: Mesh, prefill: str, sent_before: int, timeout: float = 30.0) -> tuple[int, float]:
     """Poll until the decode worker holds no reservation; returns what the prefill worker had
     written right after (bytes since ``sent_before``: a write that lands after the release,
-    2 s after it was posted, is not counted yet) and when the reservation went."""
+    seconds after it was posted, is not counted yet) and when the reservation went."""
     deadline = time.monotonic() + timeout
     while True:
         decode = infos(mesh)[mesh.decode[0].name]
@@ -84,6 +88,7 @@ def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow
             await call.write(messages.destination_message(rid, handle))
             first = await call.read()
             assert first.first_only
+            await asyncio.sleep(GIVE_UP_AFTER_S)
             stopped_at = time.monotonic()
             await call.write(messages.stop_message(rid))
             await call.done_writing()
@@ -99,7 +104,7 @@ def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow
     # The full blocks' write was in flight (posted once the destination came); the last,
     # partial block's is posted after it, unless the stop came first.
     assert _full_blocks_landed(mesh, prompt, _info(slow_prefill).kv_bytes_sent - sent_before)
-    assert took > WRITE_DELAY_S / 2, f"the call ended {took:.2f}s after the stop, before its write could land"
+    assert took > (WRITE_DELAY_S - GIVE_UP_AFTER_S) / 2, f"the call ended {took:.2f}s after the stop, before its write"
     wait_idle(mesh)
 
 
@@ -116,12 +121,14 @@ def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_th
     with extra_process(tmp_path, "router-late", router) as address, \
             grpc.insecure_channel(address) as ch, Client(address) as client:
         rid = f"given-up-{how}"
-        # The deadline passes while the write, 2 s late, is in flight.
+        started = time.monotonic()
+        # The deadline passes while the write is in flight.
         call = generate_pb2_grpc.GenerationStub(ch).Generate(
             build_request(prompt, request_id=rid, max_tokens=8, temperature=0, ignore_eos=True),
-            timeout=1.5 if how == "deadline" else 60)
+            timeout=GIVE_UP_AFTER_S + 0.5 if how == "deadline" else 60)
         first = next(call)
         assert len(first.token_ids) == 1 and not first.finish_reason
+        time.sleep(max(0.0, started + GIVE_UP_AFTER_S - time.monotonic()))
         given_up = time.monotonic()
         if how == "cancel":
             call.cancel()

@@ -40,8 +40,9 @@ def _info(address: str) -> worker_pb2.WorkerInfo:
         return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def slow_prefill(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A prefill worker per test: one test's late write must not land in the next one's count."""
     args = ["prefill", "--model", mesh.spec.model, "--worker-id", "prefill-late", "--dtype", "float32",
             "--num-blocks", "256", "--block-size", "16"]
     with extra_process(tmp_path_factory.mktemp("late"), "prefill-late", args,

@@ -38,19 +38,22 @@ class PrefillCall:
     def __init__(self, call: Any, rid: str) -> None:
         self.call = call
         self.rid = rid
-        self.destined = False
-        """The destination was (or is being) written: the worker may write KV from now on."""
         self._destination: asyncio.Future[None] | None = None
+        """The destination's write, once started."""
         self._stop: asyncio.Future[None] | None = None
         self._reading: asyncio.Future[Any] | None = None
         self._abandoned = False
         """Cancelled here: its end says nothing about the worker's writes."""
 
+    @property
+    def destined(self) -> bool:
+        """The destination was (or is being) written: the worker may write KV from now on."""
+        return self._destination is not None
+
     async def request(self, msg: Any) -> None:
         await send(self.call, msg)
 
     async def destination(self, handle: Any) -> None:
-        self.destined = True
         self._destination = asyncio.ensure_future(send(self.call, messages.destination_message(self.rid, handle)))
         await asyncio.shield(self._destination)
 

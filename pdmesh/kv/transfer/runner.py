@@ -113,6 +113,7 @@ class TransferRunner:
                    what: str, clock: BusyClock | None = None,
                    landed: Callable[[int], None] | None = None) -> Moved:
         started = time.perf_counter()
+        nbytes = blocks * self.transport.block_bytes
         try:
             handle, state, polled_at = self.priority.call(self._begin, start, f"{what} with {peer}")
         except Exception as exc:
@@ -126,8 +127,7 @@ class TransferRunner:
             clock.start(started)
         try:
             if state is TransferState.PENDING:
-                state, done_at = await self._watch(handle, f"{what} with {peer}", started, timeout, landed,
-                                                   blocks * self.transport.block_bytes)
+                state, done_at = await self._watch(handle, f"{what} with {peer}", started, timeout, landed, nbytes)
                 inline = False
             else:
                 done_at = polled_at
@@ -135,9 +135,9 @@ class TransferRunner:
             failed = state is TransferState.FAILED
             if failed:
                 raise TransferFailedError(f"KV {what} with {peer} failed (peer gone?)")
-            if landed is not None and inline:
-                landed(blocks * self.transport.block_bytes)
-            return Moved(blocks * self.transport.block_bytes, done_at - started, inline)
+            if landed is not None and inline:  # a polled one was told by ``_watch``
+                landed(nbytes)
+            return Moved(nbytes, done_at - started, inline)
         finally:
             if clock is not None:
                 clock.stop(done_at or time.perf_counter())
@@ -152,22 +152,23 @@ class TransferRunner:
     async def _watch(self, handle: object, what: str, started: float, timeout: float,
                      landed: Callable[[int], None] | None, nbytes: int) -> tuple[TransferState, float]:
         """The poller's verdict on a transfer in flight, within ``timeout`` of ``started``
-        (``time.perf_counter``); cancelled meanwhile, it still waits for the transfer
-        before the cancel goes on."""
+        (``time.perf_counter``); cancelled meanwhile, it still waits for the transfer before
+        the cancel goes on. ``landed`` is told once the transfer is DONE, whoever waits then."""
         watch = self.poller.watch(handle, what)
+        if landed is not None:
+            watch.add_done_callback(
+                lambda w: landed(nbytes) if not w.cancelled() and w.result()[0] is TransferState.DONE else None)
 
-        def seen(w: asyncio.Future[tuple[TransferState, float]]) -> None:
-            if landed is not None and not w.cancelled() and w.result()[0] is TransferState.DONE:
-                landed(nbytes)
-
-        watch.add_done_callback(seen)
-        try:
+        async def verdict() -> tuple[TransferState, float]:
             return await asyncio.wait_for(asyncio.shield(watch), max(0.0, started + timeout - time.perf_counter()))
+
+        try:
+            return await verdict()
         except TimeoutError:
             raise TransferFailedError(f"KV {what} did not finish within {timeout:.1f}s") from None
         except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):  # a second cancel, a timeout: the first cancel goes on
-                await asyncio.wait_for(asyncio.shield(watch), max(0.0, started + timeout - time.perf_counter()))
+            with contextlib.suppress(BaseException):  # a second cancel, the deadline: the first cancel goes on
+                await verdict()
             raise
         finally:
             watch.cancel()  # a no-op once it has its verdict

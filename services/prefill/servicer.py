@@ -25,7 +25,6 @@ time to first token; docs/performance.md §38), then the whole answer after 4.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -97,13 +96,15 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         the first token is answered before the KV write, the whole answer after it. A third
         message, ``stop``, gives the request up: computing stops, a write in flight lands,
         no other starts, and the call ends CANCELLED only then, so that the router may
-        free the reservation."""
+        free the reservation. Any other third message gives it up the same way, and the
+        call ends INVALID_ARGUMENT."""
         request = await read_message(context)
         if request is grpc.aio.EOF:
             raise InvalidRequestError("PrefillStream", "the stream ended before the request")
         destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
         work = asyncio.ensure_future(self._prefill(request, context, destination, early=context.write))
-        stopped = False
+        stopped: InvalidRequestError | bool = False
+        """True once asked to stop; the error when the third message was not a stop."""
 
         async def read_rest() -> None:
             nonlocal stopped
@@ -117,11 +118,15 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                     "destination", "PrefillStream's second message must carry the destination"))
                 return
             destination.set_result(destination_from_proto(msg.destination))
-            with contextlib.suppress(Exception):  # the call is ending: its own cancel stops the work
+            try:
                 msg = await read_message(context)
-                if msg is not grpc.aio.EOF and msg.stop:  # EOF: a router that never stops (older)
-                    stopped = True
-                    work.cancel()
+            except Exception:  # noqa: BLE001 - the call is ending: its own cancel stops the work
+                return
+            if msg is grpc.aio.EOF:  # a router that never stops (older)
+                return
+            stopped = True if msg.stop else InvalidRequestError(
+                "PrefillStream", "the third message may only ask to stop (stop: true)")
+            work.cancel()
 
         reader = asyncio.create_task(read_rest())
         try:
@@ -130,6 +135,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             current = asyncio.current_task()
             if not stopped or (current is not None and current.cancelling()):
                 raise  # the call itself was cancelled
+            if isinstance(stopped, InvalidRequestError):
+                raise stopped from None
             await context.abort(grpc.StatusCode.CANCELLED,
                                 f"{request.request_id}: stopped by its router; no KV write of it is in flight")
         finally:

@@ -57,13 +57,17 @@ def stop_wait_s(flow: RequestFlow) -> float:
 async def give_back_when_stopped(call: PrefillCall, d_stub: Any, rid: str, wait_s: float,
                                  prefill_response: Any = None) -> None:
     """Give the reservation back once ``call`` can write into it no more; a worker that did
-    not stop in time leaves it to its lease (shielded: the caller may have been cancelled)."""
+    not stop in time leaves it to its lease (shielded: the caller may have been cancelled).
+    A call cut off (``PrefillCall.cut_off``) gets the time a worker has to stop before its
+    reservation goes, without holding up the caller (a retry on another worker)."""
     async def run() -> None:
-        if await call.stopped(wait_s):
-            await reservation.give_back(d_stub, rid, prefill_response)
-        else:
+        if not await call.stopped(wait_s):
             log.warning("the prefill worker did not stop %s within %.1fs: its reservation is left to its lease",
                         rid, wait_s)
+        elif await call.cut_off():
+            reservation.give_back_later(d_stub, rid, wait_s)
+        else:
+            await reservation.give_back(d_stub, rid, prefill_response)
 
     await asyncio.shield(run())
 

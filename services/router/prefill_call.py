@@ -20,6 +20,12 @@ from typing import Any
 import grpc
 
 from pdmesh.rpc import messages
+from pdmesh.rpc.status import PEER_FAILURE
+
+CUT_OFF = PEER_FAILURE | {grpc.StatusCode.UNAVAILABLE}
+"""Ends of a call that its connection can cause as well as the worker: a worker that
+lives sees the same break as its call cancelled, and stops as if asked (a write in flight
+still lands), but its router cannot see when."""
 
 
 async def send(call: Any, msg: Any, last: bool = False) -> None:
@@ -124,6 +130,17 @@ class PrefillCall:
             if not self.call.done():  # whoever waits here was cancelled: the call still runs
                 raise
         return not self._abandoned
+
+    async def cut_off(self) -> bool:
+        """The call ended, once the destination went, in a way its connection may have
+        caused (``CUT_OFF``) rather than the worker's answer or its stop: the worker may
+        still be landing a write, for as long as a worker has to stop."""
+        if not self.destined or self._abandoned or not self.call.done():
+            return False
+        code = await self.call.code()
+        if code == grpc.StatusCode.CANCELLED and self._stop is not None:
+            return False  # how the worker answers the stop
+        return code in CUT_OFF
 
 
 def _seen(read: asyncio.Future[Any]) -> None:

@@ -34,3 +34,19 @@ async def give_back(stub: Any, request_id: str, prefill_response: Any = None) ->
     ``prefill_response``: the answer of a prefill that wrote into it."""
     with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
         await asyncio.shield(stub.Release(messages.release_request(request_id, prefill_response), timeout=5.0))
+
+
+_later: set[asyncio.Task[None]] = set()
+"""Give-backs waiting their time (referenced here so that they run to their end)."""
+
+
+def give_back_later(stub: Any, request_id: str, delay_s: float) -> None:
+    """Give the reservation back ``delay_s`` from now, in the background; its lease, no
+    longer renewed, ends it should the router stop first."""
+    async def later() -> None:
+        await asyncio.sleep(delay_s)
+        await give_back(stub, request_id)
+
+    task = asyncio.get_running_loop().create_task(later())
+    _later.add(task)
+    task.add_done_callback(_later.discard)

@@ -9,7 +9,10 @@ the caller cannot know), and the calls ``breaks_between`` names, which it ends w
 INTERNAL after the worker's first message of several (``PrefillStream``'s first token)
 once the worker has answered the rest. It can also play a prefill worker from before
 ``PrefillStream`` answered twice (a rolling upgrade): for the calls ``answers_once`` names
-it drops the first-token answer (``first_only``) and passes the whole one.
+it drops the first-token answer (``first_only``) and passes the whole one. For the calls
+``cuts`` names it plays a connection lost ``cut_delay_s`` after the worker's first message,
+the worker alive: the caller's call ends UNAVAILABLE and the worker's is cancelled, as a
+broken connection ends both (the worker goes on with what it had in flight).
 
 A call is named by its method and the request id in its first message (the router's id
 for that attempt: ``r1`` first, ``r1~1`` for its first retry), not by the order calls
@@ -41,7 +44,8 @@ class BreakingProxy:
     def __init__(self, target: str, breaks: dict[str, set[str]],
                  breaks_after: dict[str, set[str]] | None = None,
                  breaks_between: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0,
-                 answers_once: dict[str, set[str]] | None = None) -> None:
+                 answers_once: dict[str, set[str]] | None = None, cuts: dict[str, set[str]] | None = None,
+                 cut_delay_s: float = 0.0) -> None:
         self.breaks = breaks
         """Method name (``Reserve``, ``PrefillStream``) -> request ids of its calls to break."""
         self.breaks_after = breaks_after or {}
@@ -51,8 +55,11 @@ class BreakingProxy:
         self.cancel_delay_s = cancel_delay_s
         self.answers_once = answers_once or {}
         """Method name (``PrefillStream``) -> request ids of its calls answered once, at the end."""
+        self.cuts = cuts or {}
+        """Method name -> request ids of its calls cut off after the worker's first message."""
+        self.cut_delay_s = cut_delay_s
         self.broken: list[str] = []
-        """``"<method> <request id> before|after|between|once"`` for each call broken (or
+        """``"<method> <request id> before|after|between|once|cut"`` for each call broken (or
         answered once), in order."""
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(target)
@@ -70,14 +77,29 @@ class BreakingProxy:
         return True
 
     def forward(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        try:
+            yield from self._upstream(method, requests, context)
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")
+
+    def cut(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        """The worker's first message, then the connection lost ``cut_delay_s`` later."""
+        call = self._upstream(method, requests, context)
+        try:
+            yield next(call)
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")
+        time.sleep(self.cut_delay_s)
+        call.cancel()
+        context.abort(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
+
+    def _upstream(self, method: str, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        """The same call to the worker; the caller's cancel reaches it ``cancel_delay_s`` late."""
         metadata = [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_HOP_HEADERS)]
         call: Any = self._channel.stream_stream(method)(self._late(requests), metadata=metadata,
                                                          timeout=context.time_remaining())
         context.add_callback(lambda: threading.Timer(self.cancel_delay_s, call.cancel).start())
-        try:
-            yield from call
-        except grpc.RpcError as exc:
-            context.abort(exc.code(), exc.details() or "")
+        return call
 
     def _late(self, requests: Iterator[bytes]) -> Iterator[bytes]:
         """The caller's messages; its cancel reaches the worker ``cancel_delay_s`` late."""
@@ -111,6 +133,9 @@ class _Handler(grpc.GenericRpcHandler):
             request_id = _FIRST_MESSAGE[name].FromString(first).request_id
             if proxy.breaking(proxy.breaks, name, request_id, "before"):
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+            if proxy.breaking(proxy.cuts, name, request_id, "cut"):
+                yield from proxy.cut(method, itertools.chain([first], requests), context)
+                return
             answer = list(proxy.forward(method, itertools.chain([first], requests), context))  # the worker answered
             if proxy.breaking(proxy.breaks_after, name, request_id, "after"):
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")

@@ -1,7 +1,8 @@
 """``PrefillStream`` (the router's hand-off: the prompt computes while the decode worker
 reserves, the destination follows): a stream whose second message does not carry the
 destination, or that ends after the request, is refused with INVALID_ARGUMENT naming
-what was missing, and the prefill worker keeps no block of it."""
+what was missing, and so is one whose third message is not a stop; the prefill worker
+keeps no block of either."""
 
 from __future__ import annotations
 
@@ -38,6 +39,36 @@ def test_a_stream_without_its_destination_is_refused(mesh: Mesh, second: str) ->
     err = asyncio.run(run())
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "destination" in (err.details() or "")
+    wait_idle(mesh)
+
+
+def test_a_third_message_other_than_stop_is_refused(mesh: Mesh) -> None:
+    """Only ``stop`` may follow the destination: anything else gives the request up as a
+    stop would (no write left in flight) and ends the call INVALID_ARGUMENT."""
+    rng = random.Random(13)
+    prompt = [rng.randrange(5, 1000) for _ in range(400)]
+    params = SamplingParams(max_tokens=4, temperature=0)
+
+    async def run() -> grpc.aio.AioRpcError:
+        rid = "third-not-stop"
+        decode = decode_stub(mesh.decode[0].address)
+        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
+        try:
+            call = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
+            await call.write(messages.prefill_request(rid, prompt, params, None))
+            await call.write(messages.destination_message(rid, handle))
+            await call.write(messages.destination_message(rid, handle))  # a second destination
+            await call.done_writing()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for msg in call:
+                    assert msg.first_only
+            return err.value
+        finally:
+            await decode.Release(messages.release_request(rid), timeout=30)
+
+    err = asyncio.run(run())
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert "stop" in (err.details() or "")
     wait_idle(mesh)
 
 

@@ -8,7 +8,8 @@ token (answered before the write) and the write's landing is wide open: the call
 ``Abort``s or runs out of time in it, and the decode worker must still hold the reservation
 until the prefill worker's write has landed (its ``kv_bytes_sent`` counts the write,
 cancelled or not). Each gives up 1.5 s after the first token, by when the write is posted
-(a stop that comes before it only ever finds nothing to wait for).
+(a stop that comes before it only ever finds nothing to wait for). So does a connection
+lost between router and prefill worker, the worker alive: neither end can ask the other.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.integration.failover.breaking_proxy import BreakingProxy
 from tests.integration.mesh.conftest import extra_process, infos, wait_idle
 
 WRITE_DELAY_S = 3.0
 GIVE_UP_AFTER_S = 1.5
 """After the first token: the write is posted by then and lands 1.5 s later."""
+STOP_WAIT_S = 5.0
+"""The time a prefill worker has to stop: half the router's default lease (10 s)."""
 
 
 def _info(address: str) -> worker_pb2.WorkerInfo:
@@ -145,4 +149,34 @@ def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_th
     assert _full_blocks_landed(mesh, prompt, written), (
         f"the reservation went back {released - given_up:.2f}s after the request was given up, "
         f"with {written} bytes of its KV landed")
+    wait_idle(mesh)
+
+
+def test_a_call_cut_off_after_its_first_token_frees_its_reservation_after_the_write(
+    mesh: Mesh, slow_prefill: str, tmp_path: Path
+) -> None:
+    """The connection to a live prefill worker is lost while its write is in flight: the
+    worker sees its call cancelled and lets the write land, the router sees UNAVAILABLE and
+    cannot tell a dead worker from one still writing, so the reservation goes back only
+    after the time a worker has to stop (half a lease), not at once; the request itself
+    goes on on the decode worker from its first token without waiting for that."""
+    prompt = _prompt(8)
+    sent_before = _info(slow_prefill).kv_bytes_sent
+    proxy = BreakingProxy(slow_prefill, {}, cuts={"PrefillStream": {"cut-off"}}, cut_delay_s=GIVE_UP_AFTER_S)
+    router = ["router", "--model", mesh.spec.model, "--prefill", proxy.address, "--decode", mesh.decode[0].address,
+              "--disaggregation", "strict"]
+    try:
+        with extra_process(tmp_path, "router-cut", router) as address, Client(address, timeout=60) as client:
+            started = time.monotonic()
+            out = client.complete(prompt, request_id="cut-off", max_tokens=8, temperature=0, ignore_eos=True)
+            answered = time.monotonic() - started
+            assert proxy.broken == ["PrefillStream cut-off cut"]
+            assert out.completion_tokens == 8
+            written, released = _await_release(mesh, slow_prefill, sent_before)
+    finally:
+        proxy.close()
+    assert _full_blocks_landed(mesh, prompt, written), (
+        f"the reservation went back {released - started:.2f}s after the request began, "
+        f"with {written} bytes of its KV landed")
+    assert answered < GIVE_UP_AFTER_S + STOP_WAIT_S - 0.5, f"the request waited for the give-back: {answered:.2f}s"
     wait_idle(mesh)

@@ -7,7 +7,10 @@ keeps no block of either."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -42,6 +45,22 @@ def test_a_stream_without_its_destination_is_refused(mesh: Mesh, second: str) ->
     wait_idle(mesh)
 
 
+@contextlib.asynccontextmanager
+async def _into_reservation(mesh: Mesh, rid: str, prompt: list[int], params: SamplingParams
+                            ) -> AsyncIterator[tuple[Any, worker_pb2.KvHandle]]:
+    """A ``PrefillStream`` call sent its request and, as its destination, a reservation
+    made for it on the decode worker, which is released when the block ends."""
+    decode = decode_stub(mesh.decode[0].address)
+    handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
+    try:
+        call = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
+        await call.write(messages.prefill_request(rid, prompt, params, None))
+        await call.write(messages.destination_message(rid, handle))
+        yield call, handle
+    finally:
+        await decode.Release(messages.release_request(rid), timeout=30)
+
+
 def test_a_third_message_other_than_stop_is_refused(mesh: Mesh) -> None:
     """Only ``stop`` may follow the destination: anything else gives the request up as a
     stop would (no write left in flight) and ends the call INVALID_ARGUMENT."""
@@ -50,21 +69,13 @@ def test_a_third_message_other_than_stop_is_refused(mesh: Mesh) -> None:
     params = SamplingParams(max_tokens=4, temperature=0)
 
     async def run() -> grpc.aio.AioRpcError:
-        rid = "third-not-stop"
-        decode = decode_stub(mesh.decode[0].address)
-        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
-        try:
-            call = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
-            await call.write(messages.prefill_request(rid, prompt, params, None))
-            await call.write(messages.destination_message(rid, handle))
-            await call.write(messages.destination_message(rid, handle))  # a second destination
+        async with _into_reservation(mesh, "third-not-stop", prompt, params) as (call, handle):
+            await call.write(messages.destination_message("third-not-stop", handle))  # a second destination
             await call.done_writing()
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 async for msg in call:
                     assert msg.first_only
             return err.value
-        finally:
-            await decode.Release(messages.release_request(rid), timeout=30)
 
     err = asyncio.run(run())
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
@@ -81,19 +92,11 @@ def test_the_first_token_is_answered_before_the_kv_write(mesh: Mesh) -> None:
     params = SamplingParams(max_tokens=4, temperature=0)
 
     async def run() -> list[worker_pb2.PrefillResponse]:
-        rid = "two-answers"
-        decode = decode_stub(mesh.decode[0].address)
-        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
-        try:
-            call = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
-            await call.write(messages.prefill_request(rid, prompt, params, None))
-            await call.write(messages.destination_message(rid, handle))
+        async with _into_reservation(mesh, "two-answers", prompt, params) as (call, _):
             await call.done_writing()
             answers = [msg async for msg in call]
             assert (await call.code()) == grpc.StatusCode.OK
             return answers
-        finally:
-            await decode.Release(messages.release_request(rid), timeout=30)
 
     first, whole = asyncio.run(run())
     assert first.first_only and not whole.first_only

@@ -65,6 +65,8 @@ async def give_back_when_stopped(call: PrefillCall, d_stub: Any, rid: str, wait_
             log.warning("the prefill worker did not stop %s within %.1fs: its reservation is left to its lease",
                         rid, wait_s)
         elif await call.cut_off():
+            log.info("the prefill call of %s was cut off after its destination: its reservation goes back in %.1fs",
+                     rid, wait_s)
             reservation.give_back_later(d_stub, rid, wait_s)
         else:
             await reservation.give_back(d_stub, rid, prefill_response)

@@ -1,19 +1,22 @@
-"""Decode attention against the memory it reads: the fused kernel on pools that are not in
-cache, next to plain reads of the same blocks in the same order.
+"""Decode attention against the memory it reads: the fused kernel on a pool that is not in
+cache, next to plain reads of the same bytes in the same order.
 
     .venv/bin/python scripts/decode_attention_memory.py
 
 A served model's eight layers of KV do not fit the last-level cache, so each layer's
-attention reads its blocks from memory. Here eight layer pools (made as the engine makes
-them: ``kv_pool``, on 2 MiB pages where the host allows) are read in turn, one call each,
-best of ten rounds, for the shape of 32 sequences of 768-828 tokens (private, or after
-four shared 512-token prefixes). Beside the kernel, a small inline C++ reader sums every
-float of the same blocks, each sequence on one of torch's threads, in three orders:
-- K pass, then V pass: each block's K half (16 KiB), then each block's V half, as the
-  kernel reads them (scores over every K first, the softmax, then the sums of V);
-- whole blocks: each block's K and V (32 KiB) at once;
-- the same, over blocks laid side by side (what a contiguous cache would allow).
-Their GB/s are the ceilings the kernel's layout and order leave it. docs/performance.md,
+attention reads its blocks from memory. The pool here is made as the engine makes it
+(``kv_pool``, on 2 MiB pages where the host allows; ``pdmesh/kv/layout.py``: one block holds
+every layer, so a KV transfer moves a block as one piece), eight layers called in turn,
+best of ten rounds, for 32 sequences of 768-828 tokens (private, or after four shared
+512-token prefixes), the blocks in random order or in ascending order. A layer's part of a
+block is 32 KiB (K then V) of the block's 256 KiB. Beside the kernel, a small inline C++
+reader sums every float of the same parts, a sequence per torch thread:
+- K pass, then V pass: each part's K half (16 KiB), then each part's V half, as the kernel
+  reads them (scores over every K first, the softmax, then the sums of V);
+- whole parts: each part's K and V (32 KiB) at once;
+- whole parts of a pool of one layer, a sequence's blocks side by side: what a layer-major
+  layout (one layer's blocks contiguous) would let a reader stream.
+Their GB/s are the ceilings the layout and the order leave the kernel. docs/performance.md,
 section 40.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import torch
 from torch.utils.cpp_extension import load_inline
@@ -36,14 +40,15 @@ READER = r"""
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-// The sum of every float of each sequence's blocks: whole blocks (halves = 1) or each
-// block's first half, then each block's second half (halves = 2). A sequence per task.
+// The sum of every float of each sequence's block parts (``pool``: [blocks, ...], one part
+// per block, any block stride): whole parts (halves = 1) or each part's first half, then
+// each part's second half (halves = 2). A sequence per task.
 double read_blocks(const at::Tensor& pool, const at::Tensor& tables, const at::Tensor& lens, int64_t halves) {
   const float* p = pool.data_ptr<float>();
   const int64_t* t = tables.data_ptr<int64_t>();
   const int64_t* l = lens.data_ptr<int64_t>();
-  const int64_t batch = tables.size(0), width = tables.size(1), block = pool.stride(0), part = block / halves;
-  const int64_t tokens = pool.size(2);
+  const int64_t batch = tables.size(0), width = tables.size(1), stride = pool.stride(0);
+  const int64_t part = pool[0].numel() / halves, tokens = pool.size(2);
   std::vector<double> sums(batch);
   at::parallel_for(0, batch, 1, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
@@ -51,7 +56,7 @@ double read_blocks(const at::Tensor& pool, const at::Tensor& tables, const at::T
       const int64_t n_blocks = (l[s] + tokens - 1) / tokens;
       for (int64_t h = 0; h < halves; ++h) {
         for (int64_t i = 0; i < n_blocks; ++i) {
-          const float* base = p + t[s * width + i] * block + h * part;
+          const float* base = p + t[s * width + i] * stride + h * part;
           for (int64_t x = 0; x < part; x += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(base + x));
         }
       }
@@ -65,9 +70,9 @@ double read_blocks(const at::Tensor& pool, const at::Tensor& tables, const at::T
 """
 
 
-def tables(rng: random.Random, ids: list[int], groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block tables (padded) and lengths of the served shape: 256-315 own tokens after a
-    512-token prefix, shared by ``groups`` groups (0: every block private)."""
+def tables(ids: list[int], groups: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables (padded) and lengths: 256-315 own tokens after a 512-token prefix,
+    shared by ``groups`` groups (0: every block private); blocks taken from ``ids`` in turn."""
     it = iter(ids)
     shared = [[next(it) for _ in range(512 // BS)] for _ in range(max(groups, 1))]
     rows, lens = [], []
@@ -80,15 +85,16 @@ def tables(rng: random.Random, ids: list[int], groups: int) -> tuple[torch.Tenso
     return torch.tensor([r + [0] * (width - len(r)) for r in rows]), torch.tensor(lens)
 
 
-def best_ms(call, pools: list[torch.Tensor], rounds: int = 10) -> float:
-    for p in pools:
-        call(p)
+def best_ms(call: Callable[[int], object], rounds: int = 10) -> float:
+    """Milliseconds per layer, the eight layers called in turn, best of ``rounds``."""
+    for layer in range(LAYERS):
+        call(layer)
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
-        for p in pools:
-            call(p)
-        best = min(best, (time.perf_counter() - start) / len(pools))
+        for layer in range(LAYERS):
+            call(layer)
+        best = min(best, (time.perf_counter() - start) / LAYERS)
     return best * 1e3
 
 
@@ -96,30 +102,33 @@ def main() -> None:
     kernels = load()
     reader = load_inline("pdmesh_block_reader", cpp_sources=READER, functions=["read_blocks"],
                          extra_cflags=["-O3", "-march=native"])
-    g, rng = torch.Generator().manual_seed(0), random.Random(0)
-    pools = []
+    g = torch.Generator().manual_seed(0)
+    pool, how = kv_pool((BLOCKS, LAYERS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
+    pool.copy_(torch.randn(pool.shape, generator=g))
+    per_layer = []  # the layer-major contrast: one pool per layer
     for _ in range(LAYERS):
-        pool, how = kv_pool((BLOCKS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
-        pool.copy_(torch.randn(pool.shape, generator=g))
-        pools.append(pool)
-    print(f"torch threads {torch.get_num_threads()}; {LAYERS} pools of {BLOCKS} blocks, {how}; ms per layer")
+        one, _ = kv_pool((BLOCKS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
+        one.copy_(torch.randn(one.shape, generator=g))
+        per_layer.append(one)
+    print(f"torch threads {torch.get_num_threads()}; {BLOCKS} blocks of {LAYERS} layers, {how}; ms per layer")
     q = torch.randn(BATCH, HEADS, D, generator=g)
     for groups in (0, 4):
-        table, lens = tables(rng, torch.randperm(BLOCKS, generator=g).tolist(), groups)
-        distinct = len({b for row, n in zip(table.tolist(), lens.tolist()) for b in row[:-(-n // BS)]})
-        mb = distinct * pools[0].stride(0) * 4 / 1e6
-        label = "private contexts" if not groups else "4 shared 512-token prefixes"
-        print(f"{BATCH} x 768-828 tokens, {label}: {mb:.1f} MB of distinct blocks per layer")
-        ms = best_ms(lambda p: kernels.paged_decode(q, p, table, lens, D**-0.5), pools)
-        print(f"  kernel                         {ms:7.3f} ms  {mb / ms:5.1f} GB/s")
-        if groups:
-            continue  # the readers read every sequence's blocks, shared or not
-        for halves, what in ((2, "read: K pass, then V pass"), (1, "read: whole blocks")):
-            ms = best_ms(lambda p, h=halves: reader.read_blocks(p, table, lens, h), pools)
-            print(f"  {what:<30} {ms:7.3f} ms  {mb / ms:5.1f} GB/s")
-        side = torch.arange(table.numel()).reshape(table.shape) % BLOCKS
-        ms = best_ms(lambda p: reader.read_blocks(p, side, lens, 1), pools)
-        print(f"  {'read: whole blocks, side by side':<30} {ms:7.3f} ms  {mb / ms:5.1f} GB/s")
+        for order in ("random", "ascending"):
+            ids = torch.randperm(BLOCKS, generator=g).tolist() if order == "random" else list(range(BLOCKS))
+            table, lens = tables(ids, groups, random.Random(0))
+            distinct = len({b for row, n in zip(table.tolist(), lens.tolist()) for b in row[:-(-n // BS)]})
+            mb = distinct * pool[0, 0].numel() * 4 / 1e6
+            label = "private contexts" if not groups else "4 shared 512-token prefixes"
+            print(f"{BATCH} x 768-828 tokens, {label}, blocks in {order} order: {mb:.1f} MB a layer")
+            ms = best_ms(lambda layer: kernels.paged_decode(q, pool[:, layer], table, lens, D**-0.5))
+            print(f"  kernel                                  {ms:7.3f} ms  {mb / ms:5.1f} GB/s")
+            if groups:
+                continue  # the readers read every sequence's blocks, shared or not
+            for halves, what in ((2, "read: K pass, then V pass"), (1, "read: whole parts")):
+                ms = best_ms(lambda layer, h=halves: reader.read_blocks(pool[:, layer], table, lens, h))
+                print(f"  {what:<39} {ms:7.3f} ms  {mb / ms:5.1f} GB/s")
+            ms = best_ms(lambda layer: reader.read_blocks(per_layer[layer], table, lens, 1))
+            print(f"  {'read: whole parts, a pool per layer':<39} {ms:7.3f} ms  {mb / ms:5.1f} GB/s")
 
 
 if __name__ == "__main__":

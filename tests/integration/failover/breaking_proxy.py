@@ -12,7 +12,9 @@ once the worker has answered the rest. It can also play a prefill worker from be
 it drops the first-token answer (``first_only``) and passes the whole one. For the calls
 ``cuts`` names it plays a connection lost ``cut_delay_s`` after the worker's first message,
 the worker alive: the caller's call ends UNAVAILABLE and the worker's is cancelled, as a
-broken connection ends both (the worker goes on with what it had in flight).
+broken connection ends both (the worker goes on with what it had in flight). For the calls
+``drops_stop`` names it streams the answers through but never passes on a ``stop`` message
+(its half-close still goes), as a prefill worker from before ``stop`` reads none.
 
 A call is named by its method and the request id in its first message (the router's id
 for that attempt: ``r1`` first, ``r1~1`` for its first retry), not by the order calls
@@ -45,7 +47,7 @@ class BreakingProxy:
                  breaks_after: dict[str, set[str]] | None = None,
                  breaks_between: dict[str, set[str]] | None = None, cancel_delay_s: float = 0.0,
                  answers_once: dict[str, set[str]] | None = None, cuts: dict[str, set[str]] | None = None,
-                 cut_delay_s: float = 0.0) -> None:
+                 cut_delay_s: float = 0.0, drops_stop: dict[str, set[str]] | None = None) -> None:
         self.breaks = breaks
         """Method name (``Reserve``, ``PrefillStream``) -> request ids of its calls to break."""
         self.breaks_after = breaks_after or {}
@@ -58,9 +60,11 @@ class BreakingProxy:
         self.cuts = cuts or {}
         """Method name -> request ids of its calls cut off after the worker's first message."""
         self.cut_delay_s = cut_delay_s
+        self.drops_stop = drops_stop or {}
+        """Method name (``PrefillStream``) -> request ids of its calls whose ``stop`` is dropped."""
         self.broken: list[str] = []
-        """``"<method> <request id> before|after|between|once|cut"`` for each call broken (or
-        answered once), in order."""
+        """``"<method> <request id> before|after|between|once|cut|no-stop"`` for each call
+        broken (or answered once, or deaf to ``stop``), in order."""
         self._lock = threading.Lock()
         self._channel = grpc.insecure_channel(target)
         self._server = grpc.server(futures.ThreadPoolExecutor(32), handlers=[_Handler(self)])
@@ -136,6 +140,9 @@ class _Handler(grpc.GenericRpcHandler):
             if proxy.breaking(proxy.cuts, name, request_id, "cut"):
                 yield from proxy.cut(method, itertools.chain([first], requests), context)
                 return
+            if proxy.breaking(proxy.drops_stop, name, request_id, "no-stop"):
+                yield from proxy.forward(method, _without_stop(itertools.chain([first], requests)), context)
+                return
             answer = list(proxy.forward(method, itertools.chain([first], requests), context))  # the worker answered
             if proxy.breaking(proxy.breaks_after, name, request_id, "after"):
                 context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
@@ -147,3 +154,10 @@ class _Handler(grpc.GenericRpcHandler):
             yield from answer
 
         return grpc.stream_stream_rpc_method_handler(handle)
+
+
+def _without_stop(requests: Iterator[bytes]) -> Iterator[bytes]:
+    """``PrefillStream``'s messages less any ``stop``."""
+    for msg in requests:
+        if not worker_pb2.PrefillRequest.FromString(msg).stop:
+            yield msg

@@ -72,6 +72,13 @@ def _await_release(mesh: Mesh, prefill: str, sent_before: int, timeout: float = 
         time.sleep(0.02)
 
 
+def _router(mesh: Mesh, prefill: str) -> list[str]:
+    """A router of its own without Redis, so that it knows this prefill worker alone (not
+    the mesh's, which join through Redis), and prefills every prompt there."""
+    return ["router", "--model", mesh.spec.model, "--prefill", prefill, "--decode", mesh.decode[0].address,
+            "--disaggregation", "strict"]
+
+
 def _full_blocks_landed(mesh: Mesh, prompt: list[int], written: int) -> bool:
     block = _info(mesh.decode[0].address).kv_block_bytes
     return written in (len(prompt) // 16 * block, -(-len(prompt) // 16) * block)
@@ -119,11 +126,7 @@ def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_th
 ) -> None:
     prompt = _prompt({"cancel": 5, "abort": 6, "deadline": 7}[how])
     sent_before = _info(slow_prefill).kv_bytes_sent
-    # A router of its own without Redis, so that it knows this prefill worker alone (not the
-    # mesh's, which join through Redis), and prefills every prompt there.
-    router = ["router", "--model", mesh.spec.model, "--prefill", slow_prefill, "--decode", mesh.decode[0].address,
-              "--disaggregation", "strict"]
-    with extra_process(tmp_path, "router-late", router) as address, \
+    with extra_process(tmp_path, "router-late", _router(mesh, slow_prefill)) as address, \
             grpc.insecure_channel(address) as ch, Client(address) as client:
         rid = f"given-up-{how}"
         started = time.monotonic()
@@ -163,10 +166,9 @@ def test_a_call_cut_off_after_its_first_token_frees_its_reservation_after_the_wr
     prompt = _prompt(8)
     sent_before = _info(slow_prefill).kv_bytes_sent
     proxy = BreakingProxy(slow_prefill, {}, cuts={"PrefillStream": {"cut-off"}}, cut_delay_s=GIVE_UP_AFTER_S)
-    router = ["router", "--model", mesh.spec.model, "--prefill", proxy.address, "--decode", mesh.decode[0].address,
-              "--disaggregation", "strict"]
     try:
-        with extra_process(tmp_path, "router-cut", router) as address, Client(address, timeout=60) as client:
+        with extra_process(tmp_path, "router-cut", _router(mesh, proxy.address)) as address, \
+                Client(address, timeout=60) as client:
             started = time.monotonic()
             out = client.complete(prompt, request_id="cut-off", max_tokens=8, temperature=0, ignore_eos=True)
             answered = time.monotonic() - started
@@ -179,4 +181,33 @@ def test_a_call_cut_off_after_its_first_token_frees_its_reservation_after_the_wr
         f"the reservation went back {released - started:.2f}s after the request began, "
         f"with {written} bytes of its KV landed")
     assert answered < GIVE_UP_AFTER_S + STOP_WAIT_S - 0.5, f"the request waited for the give-back: {answered:.2f}s"
+    wait_idle(mesh)
+
+
+def test_a_worker_deaf_to_stop_keeps_the_reservation_until_its_call_ends(
+    mesh: Mesh, slow_prefill: str, tmp_path: Path
+) -> None:
+    """A prefill worker from before ``stop`` (a rolling upgrade; the proxy drops the message)
+    never reads it and ends the call when its answer is whole, after its write: the router
+    that asked it to stop gives the reservation back only then."""
+    prompt = _prompt(9)
+    sent_before = _info(slow_prefill).kv_bytes_sent
+    proxy = BreakingProxy(slow_prefill, {}, drops_stop={"PrefillStream": {"deaf"}})
+    try:
+        with extra_process(tmp_path, "router-deaf", _router(mesh, proxy.address)) as address, \
+                grpc.insecure_channel(address) as ch:
+            started = time.monotonic()
+            call = generate_pb2_grpc.GenerationStub(ch).Generate(
+                build_request(prompt, request_id="deaf", max_tokens=8, temperature=0, ignore_eos=True), timeout=60)
+            first = next(call)
+            assert len(first.token_ids) == 1 and not first.finish_reason
+            time.sleep(max(0.0, started + GIVE_UP_AFTER_S - time.monotonic()))
+            call.cancel()
+            written, released = _await_release(mesh, slow_prefill, sent_before)
+            assert proxy.broken == ["PrefillStream deaf no-stop"]
+    finally:
+        proxy.close()
+    assert _full_blocks_landed(mesh, prompt, written), (
+        f"the reservation went back {released - started:.2f}s after the request began, "
+        f"with {written} bytes of its KV landed")
     wait_idle(mesh)

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 
 import torch
+from decode_attention_costs import BS, HEADS, HKV, D, tables
 from torch.utils.cpp_extension import load_inline
 
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.engine.kv_pool import kv_pool
 
-BS, HKV, D, HEADS = 16, 4, 64, 8  # the default model's attention
 LAYERS, BLOCKS, BATCH = 8, 3000, 32
 
 READER = r"""
@@ -70,21 +70,6 @@ double read_blocks(const at::Tensor& pool, const at::Tensor& tables, const at::T
 """
 
 
-def tables(ids: list[int], groups: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block tables (padded) and lengths: 256-315 own tokens after a 512-token prefix,
-    shared by ``groups`` groups (0: every block private); blocks taken from ``ids`` in turn."""
-    it = iter(ids)
-    shared = [[next(it) for _ in range(512 // BS)] for _ in range(max(groups, 1))]
-    rows, lens = [], []
-    for i in range(BATCH):
-        n = 512 + 256 + rng.randrange(0, 60)
-        head = shared[i % groups] if groups else [next(it) for _ in range(512 // BS)]
-        rows.append(head + [next(it) for _ in range(-(-n // BS) - 512 // BS)])
-        lens.append(n)
-    width = max(map(len, rows))
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows]), torch.tensor(lens)
-
-
 def best_ms(call: Callable[[int], object], rounds: int = 10) -> float:
     """Milliseconds per layer, the eight layers called in turn, best of ``rounds``."""
     for layer in range(LAYERS):
@@ -115,7 +100,7 @@ def main() -> None:
     for groups in (0, 4):
         for order in ("random", "ascending"):
             ids = torch.randperm(BLOCKS, generator=g).tolist() if order == "random" else list(range(BLOCKS))
-            table, lens = tables(ids, groups, random.Random(0))
+            table, lens = tables(random.Random(0), ids, BATCH, groups, 512, 256)
             distinct = len({b for row, n in zip(table.tolist(), lens.tolist()) for b in row[:-(-n // BS)]})
             mb = distinct * pool[0, 0].numel() * 4 / 1e6
             label = "private contexts" if not groups else "4 shared 512-token prefixes"

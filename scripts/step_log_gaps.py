@@ -26,16 +26,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from pdmesh.engine.step_log import read_steps
+
 
 def summary(path: Path) -> str:
-    rows = [line.split("\t") for line in path.read_text().splitlines() if line and not line.startswith("#")]
-    steps = [(float(r[0]), float(r[1]), int(r[2]), int(r[3])) for r in rows]
-    batch = max((d for _, _, p, d in steps if p == 0), default=0)
+    steps = read_steps(path)
+    batch = max((s.decode_rows for s in steps if not s.prompt_tokens), default=0)
     forwards, gaps = [], []
-    for (start0, fwd0, _, _), (start, fwd, prompt, rows_) in zip(steps, steps[1:]):
-        if prompt == 0 and rows_ == batch:
-            forwards.append(fwd * 1e3)
-            gaps.append((start - start0 - fwd0) * 1e3)
+    for before, step in zip(steps, steps[1:]):
+        if not step.prompt_tokens and step.decode_rows == batch:
+            forwards.append(step.forward_s * 1e3)
+            gaps.append((step.start_s - before.start_s - before.forward_s) * 1e3)
     if not gaps:
         return f"{path}: no decode-only steps"
     return (f"{path}: {len(gaps)} decode-only steps of {batch} rows: forward p50 "

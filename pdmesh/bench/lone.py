@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pdmesh.bench.report_row import Row
 from pdmesh.bench.stats import pct
-from pdmesh.engine.step_log import ENV
+from pdmesh.engine.step_log import ENV, read_steps
 from pdmesh.launcher import Mesh, MeshSpec
 
 WAYS = ("mesh", "one worker", "in process")
@@ -148,13 +148,8 @@ def lone_ttfts(args: argparse.Namespace, specs: dict[str, MeshSpec], prompts: li
 def _match_forwards(requests: list[Lone], step_log: Path) -> None:
     """Each request's forward passes: the prompt steps that began while it waited for its
     first token (one at a time, so no other request's)."""
-    steps = []
-    for path in step_log.parent.glob(f"{step_log.name}.*"):
-        for line in path.read_text().splitlines():
-            if line and not line.startswith("#"):
-                start, seconds, prompt_tokens = line.split("\t")[:3]
-                if int(prompt_tokens):
-                    steps.append((float(start), float(seconds)))
+    steps = [(step.start_s, step.forward_s) for path in step_log.parent.glob(f"{step_log.name}.*")
+             for step in read_steps(path) if step.prompt_tokens]
     for r in requests:
         mine = [(start, sec) for start, sec in steps if r.started <= start <= r.started + r.ttft]
         if mine:

@@ -22,6 +22,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import torch
@@ -68,3 +69,23 @@ class StepLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedStep:
+    """A step as a log file has it (its first four columns)."""
+
+    start_s: float
+    forward_s: float
+    prompt_tokens: int
+    decode_rows: int
+
+
+def read_steps(path: Path) -> list[LoggedStep]:
+    """The steps of one log file (``FILE.PID``), in the order they ran."""
+    steps = []
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            start, seconds, prompt_tokens, decode_rows = line.split("\t")[:4]
+            steps.append(LoggedStep(float(start), float(seconds), int(prompt_tokens), int(decode_rows)))
+    return steps

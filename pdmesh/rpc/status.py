@@ -53,6 +53,13 @@ from a worker as "this worker is down" and must not blame the wrong one; at the 
 edge they become UNAVAILABLE (``for_client``)."""
 
 
+WORKER_FAILED = PEER_FAILURE | {grpc.StatusCode.UNAVAILABLE}
+"""Codes a call to a worker ends with when the worker failed, not the request: it is
+unreachable, died, or the stream broke mid-call (gRPC reports some broken streams as
+INTERNAL). Its connection can end a call so as well as the worker, which may then still
+be alive and working on it."""
+
+
 def for_client(exc: BaseException) -> BaseException:
     """What a client of the mesh is told for ``exc``: a peer's failure is UNAVAILABLE with
     a retry hint (the request was fine and may succeed again), never INTERNAL; anything

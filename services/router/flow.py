@@ -30,7 +30,7 @@ import grpc
 from pdmesh.errors import UnavailableError
 from pdmesh.kv.block_hash import BlockHash
 from pdmesh.rpc import messages
-from pdmesh.rpc.status import PEER_FAILURE
+from pdmesh.rpc.status import WORKER_FAILED
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from services.router import failover, first_token, handoff
@@ -45,10 +45,6 @@ PREFILL_ATTEMPTS = 3
 """Routing attempts before the stream starts: a prefill worker that is unreachable or
 breaks the call, or a decode worker that does either, is full or loses the KV write, sends
 the request to another (the only decode worker: to it again)."""
-WORKER_FAILED = frozenset({grpc.StatusCode.UNAVAILABLE}) | PEER_FAILURE
-"""A call that ends so failed at the worker (unreachable, or it broke the stream mid-call;
-gRPC reports some broken streams as INTERNAL), not at the request: worth another worker
-unless the caller itself left (``RequestFlow.worker_failed``)."""
 MIGRATE_ON = WORKER_FAILED | {grpc.StatusCode.ABORTED}
 """Decode stream failures that move the request to another decode worker (the worker
 died, drained, lost its KV); the caller's own cancel never reaches here as one of them."""

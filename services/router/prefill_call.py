@@ -20,12 +20,7 @@ from typing import Any
 import grpc
 
 from pdmesh.rpc import messages
-from pdmesh.rpc.status import PEER_FAILURE
-
-CUT_OFF = PEER_FAILURE | {grpc.StatusCode.UNAVAILABLE}
-"""Ends of a call that its connection can cause as well as the worker: a worker that
-lives sees the same break as its call cancelled, and stops as if asked (a write in flight
-still lands), but its router cannot see when."""
+from pdmesh.rpc.status import WORKER_FAILED
 
 
 async def send(call: Any, msg: Any, last: bool = False) -> None:
@@ -133,14 +128,15 @@ class PrefillCall:
 
     async def cut_off(self) -> bool:
         """The call ended, once the destination went, in a way its connection may have
-        caused (``CUT_OFF``) rather than the worker's answer or its stop: the worker may
-        still be landing a write, for as long as a worker has to stop."""
+        caused (``WORKER_FAILED``) rather than the worker's answer or its stop. A worker that
+        lives sees the same break as its call cancelled and stops as if asked, but a write
+        in flight still lands, and the router cannot see when."""
         if not self.destined or self._abandoned or not self.call.done():
             return False
         code = await self.call.code()
         if code == grpc.StatusCode.CANCELLED and self._stop is not None:
             return False  # how the worker answers the stop
-        return code in CUT_OFF
+        return code in WORKER_FAILED
 
 
 def _seen(read: asyncio.Future[Any]) -> None:

@@ -84,6 +84,12 @@ def _full_blocks_landed(mesh: Mesh, prompt: list[int], written: int) -> bool:
     return written in (len(prompt) // 16 * block, -(-len(prompt) // 16) * block)
 
 
+def _assert_landed_first(mesh: Mesh, prompt: list[int], written: int, after_s: float, since: str) -> None:
+    """The reservation went back (``after_s`` after ``since``) with the prompt's KV landed."""
+    assert _full_blocks_landed(mesh, prompt, written), (
+        f"the reservation went back {after_s:.2f}s after {since}, with {written} bytes of its KV landed")
+
+
 def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow_prefill: str) -> None:
     """``PrefillStream``'s third message, ``stop``: the worker ends the call CANCELLED, and not
     before the write it had in flight landed."""
@@ -149,9 +155,7 @@ def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_th
             rest = list(call)  # the stream ends with the abort, not an error
             assert rest and rest[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
         written, released = _await_release(mesh, slow_prefill, sent_before)
-    assert _full_blocks_landed(mesh, prompt, written), (
-        f"the reservation went back {released - given_up:.2f}s after the request was given up, "
-        f"with {written} bytes of its KV landed")
+    _assert_landed_first(mesh, prompt, written, released - given_up, "the request was given up")
     wait_idle(mesh)
 
 
@@ -177,9 +181,7 @@ def test_a_call_cut_off_after_its_first_token_frees_its_reservation_after_the_wr
             written, released = _await_release(mesh, slow_prefill, sent_before)
     finally:
         proxy.close()
-    assert _full_blocks_landed(mesh, prompt, written), (
-        f"the reservation went back {released - started:.2f}s after the request began, "
-        f"with {written} bytes of its KV landed")
+    _assert_landed_first(mesh, prompt, written, released - started, "the request began")
     assert answered < GIVE_UP_AFTER_S + STOP_WAIT_S - 0.5, f"the request waited for the give-back: {answered:.2f}s"
     wait_idle(mesh)
 
@@ -207,7 +209,5 @@ def test_a_worker_deaf_to_stop_keeps_the_reservation_until_its_call_ends(
             assert proxy.broken == ["PrefillStream deaf no-stop"]
     finally:
         proxy.close()
-    assert _full_blocks_landed(mesh, prompt, written), (
-        f"the reservation went back {released - started:.2f}s after the request began, "
-        f"with {written} bytes of its KV landed")
+    _assert_landed_first(mesh, prompt, written, released - started, "the request began")
     wait_idle(mesh)

@@ -47,7 +47,21 @@ inline void axpy(float a, const T* v, float* out, int64_t d) {
   for (int64_t i = 0; i < d; ++i) out[i] += a * static_cast<float>(v[i]);
 }
 
+using pdmesh::kFarRows;
 using pdmesh::prefetch_row;
+using pdmesh::prefetch_row_l2;
+
+// Asks for K rows ahead while scoring the quad at t: the next quads' rows into L1, and the
+// rows ``kFarRows`` ahead into L2 (shared_rows.h says why both).
+template <typename T>
+inline void prefetch_quads(const T* const* rows, int64_t t, int64_t t1, int64_t n) {
+  if (t + 12 <= t1) {
+    for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], n);
+  }
+  if (t + kFarRows + 4 <= t1) {
+    for (int64_t j = kFarRows; j < kFarRows + 4; ++j) prefetch_row_l2(rows[t + j], n);
+  }
+}
 
 // Softmax of one row of scores, in place.
 inline void softmax_row(float* s, int64_t n) {
@@ -117,9 +131,7 @@ void scores_across_rows(const std::vector<Member>& members, const float* const* 
   }
   alignas(64) float out[4 * V::W];
   for (int64_t t = t0; t + 4 <= t1; t += 4) {
-    if (t + 12 <= t1) {
-      for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], span * s_head);
-    }
+    prefetch_quads(rows, t, t1, span * s_head);
     for (int64_t kh = 0; kh < span; ++kh) {
       const float* k[4] = {rows[t] + kh * s_head, rows[t + 1] + kh * s_head,
                            rows[t + 2] + kh * s_head, rows[t + 3] + kh * s_head};
@@ -161,9 +173,7 @@ void scores_of(const std::vector<Member>& members, const T* const* rows, int64_t
     }
     if (dim % 8 == 0) {
       for (; t + 4 <= t1; t += 4) {
-        if (t + 12 <= t1) {
-          for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], span * s_head);
-        }
+        prefetch_quads(rows, t, t1, span * s_head);
         for (int64_t kh = 0; kh < span; ++kh) {
           const float* k[4] = {rows[t] + kh * s_head, rows[t + 1] + kh * s_head,
                                rows[t + 2] + kh * s_head, rows[t + 3] + kh * s_head};
@@ -198,26 +208,30 @@ void scores_of(const std::vector<Member>& members, const T* const* rows, int64_t
 // M = 1, the N accumulators held in registers over every token.
 template <class V, int N>
 inline void weighted_sum_regs(const float* w, const float* const* v, int64_t offset, int64_t t0,
-                              int64_t t1, float* acc, bool prefetch) {
-  pdmesh::weighted_sum_rows<V, N, 1>(&w, v, offset, t0, t1, &acc, prefetch);
+                              int64_t t1, float* acc, bool prefetch, int64_t far) {
+  pdmesh::weighted_sum_rows<V, N, 1>(&w, v, offset, t0, t1, &acc, prefetch, far);
 }
 #endif
 
 // acc += w[t] * V row t over tokens [t0, t1), in token order; ``offset`` from a token's row
-// pointer to this head's V. Only the first reader of a run of rows prefetches them.
+// pointer to this head's V. Only the first reader of a run of rows prefetches them, and it
+// asks for ``far`` floats of each row from ``offset`` on ``kFarRows`` ahead (0: none).
 template <typename T>
 void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t t0,
-                  int64_t t1, float* acc, int64_t dim, bool prefetch) {
+                  int64_t t1, float* acc, int64_t dim, bool prefetch, int64_t far) {
 #ifdef PDMESH_AVX2
   if constexpr (std::is_same_v<T, float>) {
 #ifdef __AVX512F__
     if (dim % 16 == 0) {  // 64 lanes in 4 of AVX-512's 32 registers
       for (int64_t c = 0; c < dim; c += 64) {
         switch (std::min<int64_t>(64, dim - c) / 16) {
-          case 4: weighted_sum_regs<pdmesh::V16, 4>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
-          case 3: weighted_sum_regs<pdmesh::V16, 3>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
-          case 2: weighted_sum_regs<pdmesh::V16, 2>(w, rows, offset + c, t0, t1, acc + c, prefetch); break;
-          default: weighted_sum_regs<pdmesh::V16, 1>(w, rows, offset + c, t0, t1, acc + c, prefetch);
+          case 4: weighted_sum_regs<pdmesh::V16, 4>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
+            break;
+          case 3: weighted_sum_regs<pdmesh::V16, 3>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
+            break;
+          case 2: weighted_sum_regs<pdmesh::V16, 2>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
+            break;
+          default: weighted_sum_regs<pdmesh::V16, 1>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
         }
       }
       return;
@@ -228,8 +242,10 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
         const int64_t n = std::min<int64_t>(64, dim - c) / 8;
         const float* const* v = rows;
         switch (n) {
-          case 8: weighted_sum_regs<pdmesh::V8, 8>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
-          case 4: weighted_sum_regs<pdmesh::V8, 4>(w, v, offset + c, t0, t1, acc + c, prefetch); break;
+          case 8: weighted_sum_regs<pdmesh::V8, 8>(w, v, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
+            break;
+          case 4: weighted_sum_regs<pdmesh::V8, 4>(w, v, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
+            break;
           default:
             for (int64_t t = t0; t < t1; ++t) axpy(w[t], v[t] + offset + c, acc + c, 8 * n);
         }
@@ -240,6 +256,7 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
 #endif
   for (int64_t t = t0; t < t1; ++t) {
     if (prefetch && t + 4 < t1) prefetch_row(rows[t + 4] + offset, dim);
+    if (far && t + kFarRows < t1) prefetch_row_l2(rows[t + kFarRows] + offset, far);
     axpy(w[t], rows[t] + offset, acc, dim);
   }
 }
@@ -248,11 +265,11 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
 // ``weighted_sum_rows`` for the last n <= M rows of a run, as one call.
 template <class V, int N, int M>
 inline void sum_rows_up_to(int n, const float* const* w, const float* const* v, int64_t offset, int64_t t0,
-                           int64_t t1, float* const* acc, bool prefetch) {
+                           int64_t t1, float* const* acc, bool prefetch, int64_t far) {
   if (n == M) {
-    pdmesh::weighted_sum_rows<V, N, M>(w, v, offset, t0, t1, acc, prefetch);
+    pdmesh::weighted_sum_rows<V, N, M>(w, v, offset, t0, t1, acc, prefetch, far);
   } else if constexpr (M > 1) {
-    sum_rows_up_to<V, N, M - 1>(n, w, v, offset, t0, t1, acc, prefetch);
+    sum_rows_up_to<V, N, M - 1>(n, w, v, offset, t0, t1, acc, prefetch, far);
   }
 }
 
@@ -280,7 +297,8 @@ void values_across_rows(const std::vector<Member>& members, const float* const* 
         }
         const int64_t offset = s_kv + kh * s_head + c;
         const bool prefetch = i == 0;  // the first reader of this head's rows
-        sum_rows_up_to<V, N, M>(static_cast<int>(n), w, rows, offset, t0, t1, acc, prefetch);
+        const int64_t far = prefetch && kh == 0 && c == 0 ? span * s_head : 0;  // every head's V, once
+        sum_rows_up_to<V, N, M>(static_cast<int>(n), w, rows, offset, t0, t1, acc, prefetch, far);
       }
     }
   }
@@ -313,7 +331,8 @@ void values_of(const std::vector<Member>& members, const T* const* rows, int64_t
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = kh * group + g;
         const bool first = &m == &members[0] && g == 0;  // the first reader of this head's rows
-        weighted_sum(&m.scores[r * m.len], rows, s_kv + kh * s_head, t0, t1, &m.acc[r * dim], dim, first);
+        const int64_t far = first && kh == 0 ? span * s_head : 0;  // every head's V, once
+        weighted_sum(&m.scores[r * m.len], rows, s_kv + kh * s_head, t0, t1, &m.acc[r * dim], dim, first, far);
       }
     }
   }

@@ -26,6 +26,22 @@ inline void prefetch_row(const T* p, int64_t n) {
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
 }
 
+// How far ahead, in tokens, rows are also asked for into L2: four blocks of 16 tokens. A
+// layer's part of a block is a short run of memory (16 KiB of K, then 16 KiB of V, with the
+// block's other layers between it and the next block's), and the near prefetch above starts
+// each run too late for memory to stream. Asking for the rows 32-128 tokens ahead into L2
+// made the kernel 4-11% faster over private 128-768-token contexts read from memory, and
+// 0-4% over shared prefixes (whose rows mostly come from cache); a plain reader of the same
+// parts gained less asking for them into L1 (docs/performance.md, section 41).
+constexpr int64_t kFarRows = 64;
+
+// ``prefetch_row`` into L2 only (prefetcht2): far enough ahead that L1 would lose the lines.
+template <typename T>
+inline void prefetch_row_l2(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off, 0, 1);
+}
+
 }  // namespace pdmesh
 
 #ifdef PDMESH_AVX2
@@ -96,9 +112,12 @@ inline void dot4_lanes(const float* qt, const float* const k[4], int64_t dim, fl
 // held in registers over every token (each FMA then costs one load, not a load, a load and
 // a store). Each V row is loaded once for all M, and every row's FMAs run in token order, so
 // a row has the same bits whatever M it was summed with. M = 1 is the private path's sum.
+// ``prefetch``: this call is its rows' first reader, and asks for them ahead; ``far``, the
+// floats from each row's ``offset`` it asks for ``kFarRows`` ahead (every head the later
+// readers of the same rows sum), 0 for none.
 template <class V, int N, int M>
 inline void weighted_sum_rows(const float* const* w, const float* const* v, int64_t offset, int64_t t0,
-                              int64_t t1, float* const* acc, bool prefetch) {
+                              int64_t t1, float* const* acc, bool prefetch, int64_t far) {
   // With one row each load folds into its FMA; with several a row is held for all of them.
   static_assert(M == 1 || (M + 1) * N + 1 <= V::REGS, "accumulators, a row and a weight must fit");
   using R = typename V::R;
@@ -109,6 +128,7 @@ inline void weighted_sum_rows(const float* const* w, const float* const* v, int6
   }
   for (int64_t t = t0; t < t1; ++t) {
     if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, V::W * N);
+    if (far && t + kFarRows < t1) prefetch_row_l2(v[t + kFarRows] + offset, far);
     const float* row = v[t] + offset;
     R x[N];
 #pragma GCC unroll 8

@@ -1,31 +1,43 @@
 """Two builds of the decode-attention kernel side by side in one process: the same inputs,
-calls alternated, the best of 15 rounds of 10 calls each, and their outputs checked equal
-bit for bit. A/B runs inside one process are what a noisy machine still resolves.
+calls alternated, and their outputs checked equal bit for bit. A/B runs inside one process
+are what a noisy machine still resolves.
 
     .venv/bin/python scripts/decode_attention_ab.py OLD.so NEW.so [THREADS]
 
 Build the old side from a worktree (``git worktree add /tmp/old COMMIT``, then in it
 ``PYTHONPATH=/tmp/old .venv/bin/python -c "from pdmesh.attention.cpu_kernels import load;
 print(load().__file__)"``) and the new one the same way here; each prints its ``.so``.
-docs/performance.md, section 25.
+
+The pool is the engine's (``kv_pool``: one block holds every layer, on 2 MiB pages where
+the host allows), and a round calls the eight layers in turn, so each call reads its
+blocks from memory as a served decode step does; a pool of one layer stays in cache and
+hides what memory costs (docs/performance.md, sections 40 and 41). Each case prints both
+builds' best and median of 15 rounds, ms per layer.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import random
+import statistics
 import sys
 import time
 from types import ModuleType
 
 import torch
+from decode_attention_costs import BS, HEADS, HKV, D, tables
 
-from decode_attention_costs import BS, D, HEADS, HKV, tables
+from pdmesh.engine.kv_pool import kv_pool
 
+LAYERS, BLOCKS = 8, 4000
 CASES = {  # label: (sequences, shared prefixes, prefix tokens, own tokens)
-    "64 x (512 shared of 4 + 64-123 own)": (64, 4, 512, 64),
-    "64 x (512 shared of 4 + 1-60 own)": (64, 4, 512, 1),
+    "32 x 768-827 private": (32, 0, 512, 256),
+    "32 x 576-635 private": (32, 0, 512, 64),
     "32 x 256-315 private": (32, 0, 0, 256),
+    "32 x 128-187 private": (32, 0, 64, 64),
+    "32 x (512 shared of 4 + 256-315 own)": (32, 4, 512, 256),
+    "32 x (512 shared of 4 + 64-123 own)": (32, 4, 512, 64),
+    "64 x (512 shared of 4 + 1-60 own)": (64, 4, 512, 1),
 }
 
 
@@ -38,30 +50,35 @@ def module(path: str) -> ModuleType:
     return mod
 
 
-def main(old: ModuleType, new: ModuleType, rounds: int = 15, calls: int = 10) -> None:
+def main(old: ModuleType, new: ModuleType, rounds: int = 15) -> None:
     g = torch.Generator().manual_seed(0)
-    pool = torch.randn(8000, 2, BS, HKV, D, generator=g)
-    perm = torch.randperm(8000, generator=g).tolist()
+    pool, how = kv_pool((BLOCKS, LAYERS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
+    pool.copy_(torch.randn(pool.shape, generator=g))
+    perm = torch.randperm(BLOCKS, generator=g).tolist()
+    print(f"torch threads {torch.get_num_threads()}; {BLOCKS} blocks of {LAYERS} layers, {how}; ms per layer")
+    sides = {"old": old, "new": new}
     for label, (batch, groups, prefix, suffix) in CASES.items():
         table, lens = tables(random.Random(0), perm, batch, groups, prefix, suffix)
         q = torch.randn(batch, HEADS, D, generator=g)
-        sides = {"old": old, "new": new}
-        outs = {k: m.paged_decode(q, pool, table, lens, D**-0.5) for k, m in sides.items()}
-        assert torch.equal(outs["old"], outs["new"]), f"{label}: the builds' bits differ"
-        best = dict.fromkeys(sides, float("inf"))
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        for layer in range(LAYERS):
+            outs = [m.paged_decode(q, pool[:, layer], table, lens, D**-0.5) for m in sides.values()]
+            assert torch.equal(*outs), f"{label}: the builds' bits differ"
         for _ in range(rounds):
             for k, m in sides.items():
                 start = time.perf_counter()
-                for _ in range(calls):
-                    m.paged_decode(q, pool, table, lens, D**-0.5)
-                best[k] = min(best[k], (time.perf_counter() - start) / calls * 1e3)
-        print(f"{label}: old {best['old']:.3f} ms, new {best['new']:.3f} ms, "
-              f"new / old {best['new'] / best['old']:.3f} (bits equal)")
+                for layer in range(LAYERS):
+                    m.paged_decode(q, pool[:, layer], table, lens, D**-0.5)
+                times[k].append((time.perf_counter() - start) / LAYERS * 1e3)
+        best = {k: min(v) for k, v in times.items()}
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{label}: old {best['old']:.3f} / {med['old']:.3f} ms, new {best['new']:.3f} / "
+              f"{med['new']:.3f} ms (best / median); old / new {best['old'] / best['new']:.3f} / "
+              f"{med['old'] / med['new']:.3f} (bits equal)")
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else torch.get_num_threads())
-    print(f"torch threads {torch.get_num_threads()}; one layer, ms per call")
     main(module(sys.argv[1]), module(sys.argv[2]))

@@ -103,11 +103,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             raise InvalidRequestError("PrefillStream", "the stream ended before the request")
         destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
         work = asyncio.ensure_future(self._prefill(request, context, destination, early=context.write))
-        stopped: InvalidRequestError | bool = False
-        """True once asked to stop; the error when the third message was not a stop."""
+        given_up: tuple[grpc.StatusCode, str] | None = None
+        """How the call ends once its work has stopped, when the router gave the request up:
+        CANCELLED for a stop, INVALID_ARGUMENT for a third message that was not one."""
 
         async def read_rest() -> None:
-            nonlocal stopped
+            nonlocal given_up
             try:
                 msg = await read_message(context)
             except Exception as exc:  # noqa: BLE001 - the prefill fails with it
@@ -124,8 +125,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 return
             if msg is grpc.aio.EOF:  # a router that never stops (older)
                 return
-            stopped = True if msg.stop else InvalidRequestError(
-                "PrefillStream", "the third message may only ask to stop (stop: true)")
+            if msg.stop:
+                given_up = (grpc.StatusCode.CANCELLED,
+                            f"{request.request_id}: stopped by its router; no KV write of it is in flight")
+            else:
+                given_up = (grpc.StatusCode.INVALID_ARGUMENT,
+                            "PrefillStream: the third message may only ask to stop (stop: true)")
             work.cancel()
 
         reader = asyncio.create_task(read_rest())
@@ -133,12 +138,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             answer = await work
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if not stopped or (current is not None and current.cancelling()):
+            if given_up is None or (current is not None and current.cancelling()):
                 raise  # the call itself was cancelled
-            if isinstance(stopped, InvalidRequestError):
-                raise stopped from None
-            await context.abort(grpc.StatusCode.CANCELLED,
-                                f"{request.request_id}: stopped by its router; no KV write of it is in flight")
+            await context.abort(*given_up)
         finally:
             reader.cancel()
             if not destination.done():

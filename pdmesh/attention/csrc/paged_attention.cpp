@@ -10,7 +10,8 @@
 // the softmax's exp is vectorised (vec_math.h); elsewhere the dot
 // products use eight independent partial sums, which the compiler vectorises without
 // reassociating anything. The kernel is bound by memory: K rows are prefetched eight
-// tokens ahead and V rows four (docs/performance.md, section 10), and sequences whose
+// tokens ahead and V rows four into L1 (docs/performance.md, section 10), both 64 tokens
+// ahead into L2 (``kFarRows``, section 41), and sequences whose
 // tables begin with the same blocks (a shared system prompt, served from the prefix
 // cache) read those blocks' rows once for all of them (``plan``; section 16). Work items
 // are (sequences, run of KV heads), taken by the threads in turn.

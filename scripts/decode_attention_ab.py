@@ -2,31 +2,36 @@
 calls alternated, and their outputs checked equal bit for bit. A/B runs inside one process
 are what a noisy machine still resolves.
 
-    .venv/bin/python scripts/decode_attention_ab.py OLD.so NEW.so [THREADS]
+    git worktree add /tmp/old COMMIT
+    .venv/bin/python scripts/decode_attention_ab.py /tmp/old . [--no-avx512] [--threads N]
 
-Build the old side from a worktree (``git worktree add /tmp/old COMMIT``, then in it
-``PYTHONPATH=/tmp/old .venv/bin/python -c "from pdmesh.attention.cpu_kernels import load;
-print(load().__file__)"``) and the new one the same way here; each prints its ``.so``.
+Each side is a built kernel module (``.so``) or a source tree, whose kernels are then built
+as ``pdmesh.attention.cpu_kernels`` builds them; ``--no-avx512`` builds both trees for AVX2
+alone, so that an AVX-512 machine checks and times the path AVX2-only machines run.
 
 The pool is the engine's (``kv_pool``: one block holds every layer, on 2 MiB pages where
 the host allows), and a round calls the eight layers in turn, so each call reads its
 blocks from memory as a served decode step does; a pool of one layer stays in cache and
 hides what memory costs (docs/performance.md, sections 40 and 41). Each case prints both
-builds' best and median of 15 rounds, ms per layer.
+builds' best and median of 15 rounds, ms per layer, once their float32 outputs, and their
+bfloat16 ones on a pool of that dtype, are found equal bit for bit.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import importlib.util
 import random
 import statistics
-import sys
 import time
+from pathlib import Path
 from types import ModuleType
 
 import torch
 from decode_attention_costs import BS, HEADS, HKV, D, tables
 
+from pdmesh.attention.cpu_kernels import CFLAGS, LDFLAGS, SOURCES
 from pdmesh.engine.kv_pool import kv_pool
 
 LAYERS, BLOCKS = 8, 4000
@@ -41,7 +46,15 @@ CASES = {  # label: (sequences, shared prefixes, prefix tokens, own tokens)
 }
 
 
-def module(path: str) -> ModuleType:
+def module(path: str, no_avx512: bool = False) -> ModuleType:
+    """A kernel module: loaded from a ``.so``, or built from a source tree's ``csrc``."""
+    if Path(path).is_dir():
+        from torch.utils.cpp_extension import load as build
+
+        sources = [Path(path) / "pdmesh" / "attention" / "csrc" / src.name for src in SOURCES]
+        digest = hashlib.sha256(b"".join(src.read_bytes() for src in sources) + bytes(no_avx512)).hexdigest()
+        return build(name=f"pdmesh_ab_{digest[:12]}", sources=[str(src) for src in sources],
+                     extra_cflags=[*CFLAGS, *(["-mno-avx512f"] if no_avx512 else [])], extra_ldflags=list(LDFLAGS))
     name = path.rsplit("/", 1)[-1].split(".")[0]
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None, path
@@ -64,6 +77,9 @@ def main(old: ModuleType, new: ModuleType, rounds: int = 15) -> None:
         for layer in range(LAYERS):
             outs = [m.paged_decode(q, pool[:, layer], table, lens, D**-0.5) for m in sides.values()]
             assert torch.equal(*outs), f"{label}: the builds' bits differ"
+        half = pool[:, 0].to(torch.bfloat16)
+        outs = [m.paged_decode(q.to(torch.bfloat16), half, table, lens, D**-0.5) for m in sides.values()]
+        assert torch.equal(*outs), f"{label}: the builds' bfloat16 bits differ"
         for _ in range(rounds):
             for k, m in sides.items():
                 start = time.perf_counter()
@@ -78,7 +94,12 @@ def main(old: ModuleType, new: ModuleType, rounds: int = 15) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else torch.get_num_threads())
-    main(module(sys.argv[1]), module(sys.argv[2]))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("old", help="the old side: a kernel .so, or a source tree")
+    ap.add_argument("new", help="the new side: a kernel .so, or a source tree")
+    ap.add_argument("--no-avx512", action="store_true", help="build source trees for AVX2 alone")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    main(module(args.old, args.no_avx512), module(args.new, args.no_avx512))

@@ -31,7 +31,7 @@ from types import ModuleType
 import torch
 from decode_attention_costs import BS, HEADS, HKV, D, tables
 
-from pdmesh.attention.cpu_kernels import CFLAGS, LDFLAGS, SOURCES
+from pdmesh.attention.cpu_kernels import CFLAGS, HEADERS, LDFLAGS, SOURCES
 from pdmesh.engine.kv_pool import kv_pool
 
 LAYERS, BLOCKS = 8, 4000
@@ -51,9 +51,12 @@ def module(path: str, no_avx512: bool = False) -> ModuleType:
     if Path(path).is_dir():
         from torch.utils.cpp_extension import load as build
 
-        sources = [Path(path) / "pdmesh" / "attention" / "csrc" / src.name for src in SOURCES]
-        digest = hashlib.sha256(b"".join(src.read_bytes() for src in sources) + bytes(no_avx512)).hexdigest()
-        return build(name=f"pdmesh_ab_{digest[:12]}", sources=[str(src) for src in sources],
+        csrc = Path(path) / "pdmesh" / "attention" / "csrc"
+        sources = [csrc / src.name for src in SOURCES]
+        digest = hashlib.sha256(str(no_avx512).encode())  # one build per content and flags
+        for src in sources + [csrc / h.name for h in HEADERS]:
+            digest.update(src.read_bytes())
+        return build(name=f"pdmesh_ab_{digest.hexdigest()[:12]}", sources=[str(src) for src in sources],
                      extra_cflags=[*CFLAGS, *(["-mno-avx512f"] if no_avx512 else [])], extra_ldflags=list(LDFLAGS))
     name = path.rsplit("/", 1)[-1].split(".")[0]
     spec = importlib.util.spec_from_file_location(name, path)

@@ -20,21 +20,19 @@ bfloat16 ones on a pool of that dtype, are found equal bit for bit.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import functools
 import importlib.util
 import random
 import statistics
-import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
-from decode_attention_costs import BS, HEADS, HKV, D, tables
+from decode_attention_costs import HEADS, LAYERS, D, engine_pool, layer_round_ms, tables
 
-from pdmesh.attention.cpu_kernels import CFLAGS, HEADERS, LDFLAGS, SOURCES
-from pdmesh.engine.kv_pool import kv_pool
+from pdmesh.attention.cpu_kernels import build_tree
 
-LAYERS, BLOCKS = 8, 4000
+BLOCKS = 4000
 CASES = {  # label: (sequences, shared prefixes, prefix tokens, own tokens)
     "32 x 768-827 private": (32, 0, 512, 256),
     "32 x 576-635 private": (32, 0, 512, 64),
@@ -49,15 +47,7 @@ CASES = {  # label: (sequences, shared prefixes, prefix tokens, own tokens)
 def module(path: str, no_avx512: bool = False) -> ModuleType:
     """A kernel module: loaded from a ``.so``, or built from a source tree's ``csrc``."""
     if Path(path).is_dir():
-        from torch.utils.cpp_extension import load as build
-
-        csrc = Path(path) / "pdmesh" / "attention" / "csrc"
-        sources = [csrc / src.name for src in SOURCES]
-        digest = hashlib.sha256(str(no_avx512).encode())  # one build per content and flags
-        for src in sources + [csrc / h.name for h in HEADERS]:
-            digest.update(src.read_bytes())
-        return build(name=f"pdmesh_ab_{digest.hexdigest()[:12]}", sources=[str(src) for src in sources],
-                     extra_cflags=[*CFLAGS, *(["-mno-avx512f"] if no_avx512 else [])], extra_ldflags=list(LDFLAGS))
+        return build_tree(Path(path) / "pdmesh" / "attention" / "csrc", ("-mno-avx512f",) if no_avx512 else ())
     name = path.rsplit("/", 1)[-1].split(".")[0]
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None, path
@@ -68,27 +58,26 @@ def module(path: str, no_avx512: bool = False) -> ModuleType:
 
 def main(old: ModuleType, new: ModuleType, rounds: int = 15) -> None:
     g = torch.Generator().manual_seed(0)
-    pool, how = kv_pool((BLOCKS, LAYERS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
-    pool.copy_(torch.randn(pool.shape, generator=g))
+    pool, how = engine_pool(BLOCKS, g)
     perm = torch.randperm(BLOCKS, generator=g).tolist()
     print(f"torch threads {torch.get_num_threads()}; {BLOCKS} blocks of {LAYERS} layers, {how}; ms per layer")
     sides = {"old": old, "new": new}
     for label, (batch, groups, prefix, suffix) in CASES.items():
         table, lens = tables(random.Random(0), perm, batch, groups, prefix, suffix)
         q = torch.randn(batch, HEADS, D, generator=g)
-        times: dict[str, list[float]] = {k: [] for k in sides}
+
+        def decode(m: ModuleType, layer: int) -> torch.Tensor:
+            return m.paged_decode(q, pool[:, layer], table, lens, D**-0.5)  # noqa: B023 - called in this iteration
+
         for layer in range(LAYERS):
-            outs = [m.paged_decode(q, pool[:, layer], table, lens, D**-0.5) for m in sides.values()]
-            assert torch.equal(*outs), f"{label}: the builds' bits differ"
+            assert torch.equal(*(decode(m, layer) for m in sides.values())), f"{label}: the builds' bits differ"
         half = pool[:, 0].to(torch.bfloat16)
         outs = [m.paged_decode(q.to(torch.bfloat16), half, table, lens, D**-0.5) for m in sides.values()]
         assert torch.equal(*outs), f"{label}: the builds' bfloat16 bits differ"
+        times: dict[str, list[float]] = {k: [] for k in sides}
         for _ in range(rounds):
             for k, m in sides.items():
-                start = time.perf_counter()
-                for layer in range(LAYERS):
-                    m.paged_decode(q, pool[:, layer], table, lens, D**-0.5)
-                times[k].append((time.perf_counter() - start) / LAYERS * 1e3)
+                times[k].append(layer_round_ms(functools.partial(decode, m)))
         best = {k: min(v) for k, v in times.items()}
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"{label}: old {best['old']:.3f} / {med['old']:.3f} ms, new {best['new']:.3f} / "

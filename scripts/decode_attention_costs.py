@@ -14,12 +14,33 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
 from pdmesh.attention.cpu_kernels import load
+from pdmesh.engine.kv_pool import kv_pool
 
 BS, HKV, D, HEADS = 16, 4, 64, 8  # the default model's attention
+LAYERS = 8  # the default model's layers
+
+
+def engine_pool(blocks: int, g: torch.Generator) -> tuple[torch.Tensor, str]:
+    """A random float32 pool laid out as the engine's (``pdmesh/kv/layout.py``: a block holds
+    every layer) on the engine's memory (``kv_pool``: 2 MiB pages where the host allows), and
+    how its memory was made. Too large for any cache: read layer by layer, it comes from memory."""
+    pool, how = kv_pool((blocks, LAYERS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
+    pool.copy_(torch.randn(pool.shape, generator=g))
+    return pool, how
+
+
+def layer_round_ms(call: Callable[[int], object]) -> float:
+    """Milliseconds per layer of one round calling ``call(layer)`` for each layer in turn, as
+    a decode step does: a layer's blocks are then not in cache from its last call."""
+    start = time.perf_counter()
+    for layer in range(LAYERS):
+        call(layer)
+    return (time.perf_counter() - start) / LAYERS * 1e3
 
 
 def tables(rng: random.Random, perm: list[int], batch: int, groups: int, prefix: int, suffix: int

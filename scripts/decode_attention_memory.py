@@ -23,17 +23,16 @@ section 40.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 
 import torch
-from decode_attention_costs import BS, HEADS, HKV, D, tables
+from decode_attention_costs import BS, HEADS, HKV, LAYERS, D, engine_pool, layer_round_ms, tables
 from torch.utils.cpp_extension import load_inline
 
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.engine.kv_pool import kv_pool
 
-LAYERS, BLOCKS, BATCH = 8, 3000, 32
+BLOCKS, BATCH = 3000, 32
 
 READER = r"""
 #include <torch/extension.h>
@@ -72,15 +71,8 @@ double read_blocks(const at::Tensor& pool, const at::Tensor& tables, const at::T
 
 def best_ms(call: Callable[[int], object], rounds: int = 10) -> float:
     """Milliseconds per layer, the eight layers called in turn, best of ``rounds``."""
-    for layer in range(LAYERS):
-        call(layer)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for layer in range(LAYERS):
-            call(layer)
-        best = min(best, (time.perf_counter() - start) / LAYERS)
-    return best * 1e3
+    layer_round_ms(call)
+    return min(layer_round_ms(call) for _ in range(rounds))
 
 
 def main() -> None:
@@ -88,8 +80,7 @@ def main() -> None:
     reader = load_inline("pdmesh_block_reader", cpp_sources=READER, functions=["read_blocks"],
                          extra_cflags=["-O3", "-march=native"])
     g = torch.Generator().manual_seed(0)
-    pool, how = kv_pool((BLOCKS, LAYERS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
-    pool.copy_(torch.randn(pool.shape, generator=g))
+    pool, how = engine_pool(BLOCKS, g)
     per_layer = []  # the layer-major contrast: one pool per layer
     for _ in range(LAYERS):
         one, _ = kv_pool((BLOCKS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))

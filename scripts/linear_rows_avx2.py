@@ -10,30 +10,19 @@ this CPU's caches and memory.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import torch
-from torch.utils.cpp_extension import load
 
-from pdmesh.attention.cpu_kernels import CFLAGS, LDFLAGS, SOURCES
+from pdmesh.attention.cpu_kernels import build_tree
 from pdmesh.model.linear_plan import best_seconds
 from pdmesh.model.loader import load_model
 
 
-def build(csrc: Path) -> ModuleType:
-    """The kernels of ``csrc`` compiled for AVX2 alone, cached under a digest of those sources."""
-    sources = [csrc / s.name for s in SOURCES]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(csrc.iterdir()) if p.is_file())).hexdigest()[:12]
-    return load(name=f"pdmesh_avx2_only_{digest}", sources=[str(s) for s in sources],
-                extra_cflags=[*CFLAGS, "-mno-avx512f"], extra_ldflags=list(LDFLAGS))
-
-
 def main(csrc: Path, model_dir: str) -> None:
     torch.set_num_threads(2)
-    kernels = build(csrc)
+    kernels = build_tree(csrc, ("-mno-avx512f",))
     model, _, _ = load_model(model_dir, "float32", "cpu", 4096)
     weights = [m.weight.detach().contiguous() for m in model.modules()
                if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2]

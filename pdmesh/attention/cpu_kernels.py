@@ -44,6 +44,27 @@ def module_name(flags: str) -> str:
     return f"pdmesh_cpu_kernels_{digest.hexdigest()[:12]}"
 
 
+def tree_module_name(csrc: Path, extra_cflags: tuple[str, ...] = ()) -> str:
+    """The cached build's name for another checkout's kernels (its ``pdmesh/attention/csrc``)
+    built with ``extra_cflags``: a digest of every file there (sources, headers) and the flags,
+    so two trees that differ in a header alone never share a build."""
+    digest = hashlib.sha256(" ".join(extra_cflags).encode())
+    for path in sorted(p for p in csrc.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + path.read_bytes())
+    digest.update(torch.__version__.encode())
+    return f"pdmesh_tree_kernels_{digest.hexdigest()[:12]}"
+
+
+def build_tree(csrc: Path, extra_cflags: tuple[str, ...] = ()) -> ModuleType:
+    """Another checkout's kernels, built as ``load`` builds these plus ``extra_cflags``
+    (``-mno-avx512f``: the code an AVX2-only machine runs): for scripts that time two
+    versions of a kernel side by side in one process."""
+    from torch.utils.cpp_extension import load as build
+
+    return build(name=tree_module_name(csrc, extra_cflags), sources=[str(csrc / s.name) for s in SOURCES],
+                 extra_cflags=[*CFLAGS, *extra_cflags], extra_ldflags=list(LDFLAGS), verbose=False)
+
+
 STALE_LOCK_S = 600.0
 """A build lock older than this was left by a build that died (a build takes about two
 minutes on our 2-core machines)."""

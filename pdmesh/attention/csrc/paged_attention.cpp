@@ -49,8 +49,8 @@ inline void axpy(float a, const T* v, float* out, int64_t d) {
 }
 
 using pdmesh::kFarRows;
+using pdmesh::kIntoL2;
 using pdmesh::prefetch_row;
-using pdmesh::prefetch_row_l2;
 
 // Asks for K rows ahead while scoring the quad at t: the next quads' rows into L1, and the
 // rows ``kFarRows`` ahead into L2 (shared_rows.h says why both).
@@ -60,7 +60,7 @@ inline void prefetch_quads(const T* const* rows, int64_t t, int64_t t1, int64_t 
     for (int64_t j = 8; j < 12; ++j) prefetch_row(rows[t + j], n);
   }
   if (t + kFarRows + 4 <= t1) {
-    for (int64_t j = kFarRows; j < kFarRows + 4; ++j) prefetch_row_l2(rows[t + j], n);
+    for (int64_t j = kFarRows; j < kFarRows + 4; ++j) prefetch_row<kIntoL2>(rows[t + j], n);
   }
 }
 
@@ -225,14 +225,12 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
 #ifdef __AVX512F__
     if (dim % 16 == 0) {  // 64 lanes in 4 of AVX-512's 32 registers
       for (int64_t c = 0; c < dim; c += 64) {
+        const int64_t f = c ? 0 : far;  // the row's first chunk asks for it whole
         switch (std::min<int64_t>(64, dim - c) / 16) {
-          case 4: weighted_sum_regs<pdmesh::V16, 4>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
-            break;
-          case 3: weighted_sum_regs<pdmesh::V16, 3>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
-            break;
-          case 2: weighted_sum_regs<pdmesh::V16, 2>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
-            break;
-          default: weighted_sum_regs<pdmesh::V16, 1>(w, rows, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
+          case 4: weighted_sum_regs<pdmesh::V16, 4>(w, rows, offset + c, t0, t1, acc + c, prefetch, f); break;
+          case 3: weighted_sum_regs<pdmesh::V16, 3>(w, rows, offset + c, t0, t1, acc + c, prefetch, f); break;
+          case 2: weighted_sum_regs<pdmesh::V16, 2>(w, rows, offset + c, t0, t1, acc + c, prefetch, f); break;
+          default: weighted_sum_regs<pdmesh::V16, 1>(w, rows, offset + c, t0, t1, acc + c, prefetch, f);
         }
       }
       return;
@@ -240,13 +238,11 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
 #endif
     if (dim % 8 == 0) {  // 64 lanes at a time: 8 accumulators + a row + a weight fit AVX2's 16
       for (int64_t c = 0; c < dim; c += 64) {
-        const int64_t n = std::min<int64_t>(64, dim - c) / 8;
+        const int64_t n = std::min<int64_t>(64, dim - c) / 8, f = c ? 0 : far;
         const float* const* v = rows;
         switch (n) {
-          case 8: weighted_sum_regs<pdmesh::V8, 8>(w, v, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
-            break;
-          case 4: weighted_sum_regs<pdmesh::V8, 4>(w, v, offset + c, t0, t1, acc + c, prefetch, c ? 0 : far);
-            break;
+          case 8: weighted_sum_regs<pdmesh::V8, 8>(w, v, offset + c, t0, t1, acc + c, prefetch, f); break;
+          case 4: weighted_sum_regs<pdmesh::V8, 4>(w, v, offset + c, t0, t1, acc + c, prefetch, f); break;
           default:
             for (int64_t t = t0; t < t1; ++t) axpy(w[t], v[t] + offset + c, acc + c, 8 * n);
         }
@@ -257,7 +253,7 @@ void weighted_sum(const float* w, const T* const* rows, int64_t offset, int64_t 
 #endif
   for (int64_t t = t0; t < t1; ++t) {
     if (prefetch && t + 4 < t1) prefetch_row(rows[t + 4] + offset, dim);
-    if (far && t + kFarRows < t1) prefetch_row_l2(rows[t + kFarRows] + offset, far);
+    if (far && t + kFarRows < t1) prefetch_row<kIntoL2>(rows[t + kFarRows] + offset, far);
     axpy(w[t], rows[t] + offset, acc, dim);
   }
 }

@@ -18,12 +18,15 @@
 
 namespace pdmesh {
 
+constexpr int kIntoL1 = 3;  // __builtin_prefetch's locality: prefetcht0
+constexpr int kIntoL2 = 1;  // prefetcht2: L2 only
+
 // Asks for the cache lines of one token's row of ``n`` elements ahead of use: a block's
 // rows cross 4 KiB pages, where the hardware prefetcher stops, and blocks are scattered.
-template <typename T>
+template <int locality = kIntoL1, typename T>
 inline void prefetch_row(const T* p, int64_t n) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off);
+  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off, 0, locality);
 }
 
 // How far ahead, in tokens, rows are also asked for into L2: four blocks of 16 tokens. A
@@ -33,14 +36,7 @@ inline void prefetch_row(const T* p, int64_t n) {
 // made the kernel 4-11% faster over private 128-768-token contexts read from memory, and
 // 0-4% over shared prefixes (whose rows mostly come from cache); a plain reader of the same
 // parts gained less asking for them into L1 (docs/performance.md, section 41).
-constexpr int64_t kFarRows = 64;
-
-// ``prefetch_row`` into L2 only (prefetcht2): far enough ahead that L1 would lose the lines.
-template <typename T>
-inline void prefetch_row_l2(const T* p, int64_t n) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(c + off, 0, 1);
-}
+constexpr int64_t kFarRows = 64;  // asked for into L2 (kIntoL2): L1 would lose them first
 
 }  // namespace pdmesh
 
@@ -128,7 +124,7 @@ inline void weighted_sum_rows(const float* const* w, const float* const* v, int6
   }
   for (int64_t t = t0; t < t1; ++t) {
     if (prefetch && t + 4 < t1) prefetch_row(v[t + 4] + offset, V::W * N);
-    if (far && t + kFarRows < t1) prefetch_row_l2(v[t + kFarRows] + offset, far);
+    if (far && t + kFarRows < t1) prefetch_row<kIntoL2>(v[t + kFarRows] + offset, far);
     const float* row = v[t] + offset;
     R x[N];
 #pragma GCC unroll 8

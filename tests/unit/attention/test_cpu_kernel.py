@@ -7,7 +7,7 @@ import torch
 
 from pdmesh.attention.backend import AttentionMetadata
 from pdmesh.attention.cpu_backend import CPUAttentionBackend
-from pdmesh.attention.cpu_kernels import cpu_flags, module_name
+from pdmesh.attention.cpu_kernels import SOURCES, cpu_flags, module_name, tree_module_name
 from pdmesh.attention.torch_backend import TorchAttentionBackend
 
 BS, HKV, D = 16, 4, 64
@@ -46,6 +46,21 @@ def test_the_kernel_cache_is_keyed_by_the_cpus_flags() -> None:
     here = cpu_flags()
     assert module_name(here) == module_name(here)
     assert module_name("avx2 fma sse4_2") != module_name("avx2 avx512f fma sse4_2")
+
+
+def test_another_trees_build_is_keyed_by_every_file_and_the_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Two checkouts timed side by side must never share a build: a header alone may differ.
+    import shutil
+
+    here = SOURCES[0].parent
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(here, a)
+    shutil.copytree(here, b)
+    assert tree_module_name(a) == tree_module_name(b)
+    assert tree_module_name(a) != tree_module_name(a, ("-mno-avx512f",))
+    header = b / "shared_rows.h"
+    header.write_text(header.read_text() + "\n// another version\n")
+    assert tree_module_name(a) != tree_module_name(b)
 
 
 def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_young_one_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -25,13 +25,18 @@ BS, HKV, D, HEADS = 16, 4, 64, 8  # the default model's attention
 LAYERS = 8  # the default model's layers
 
 
-def engine_pool(blocks: int, g: torch.Generator) -> tuple[torch.Tensor, str]:
-    """A random float32 pool laid out as the engine's (``pdmesh/kv/layout.py``: a block holds
-    every layer) on the engine's memory (``kv_pool``: 2 MiB pages where the host allows), and
-    how its memory was made. Too large for any cache: read layer by layer, it comes from memory."""
-    pool, how = kv_pool((blocks, LAYERS, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
+def random_pool(shape: tuple[int, ...], g: torch.Generator) -> tuple[torch.Tensor, str]:
+    """A random float32 pool of ``shape`` on the engine's memory (``kv_pool``: 2 MiB pages
+    where the host allows), and how its memory was made."""
+    pool, how = kv_pool(shape, torch.float32, torch.device("cpu"))
     pool.copy_(torch.randn(pool.shape, generator=g))
     return pool, how
+
+
+def engine_pool(blocks: int, g: torch.Generator) -> tuple[torch.Tensor, str]:
+    """A random pool laid out as the engine's (``pdmesh/kv/layout.py``: a block holds every
+    layer). Too large for any cache: read layer by layer, it comes from memory."""
+    return random_pool((blocks, LAYERS, 2, BS, HKV, D), g)
 
 
 def layer_round_ms(call: Callable[[int], object]) -> float:

@@ -17,15 +17,17 @@ layer, and each layout's speed-up over the engine's pool with scattered blocks (
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
+from collections.abc import Callable
 
 import torch
-from decode_attention_costs import BS, HEADS, HKV, LAYERS, D, engine_pool, layer_round_ms, tables
+from decode_attention_costs import BS, HEADS, HKV, LAYERS, D, engine_pool, layer_round_ms, random_pool, tables
 
 from pdmesh.attention.cpu_kernels import load
-from pdmesh.engine.kv_pool import kv_pool
 
+KERNELS = load()
 BLOCKS = 4000
 CASES = {  # label: (sequences, shared prefixes, prefix tokens, own tokens)
     "32 x 768-827 private": (32, 0, 512, 256),
@@ -35,16 +37,17 @@ CASES = {  # label: (sequences, shared prefixes, prefix tokens, own tokens)
 
 
 def layer_major_pools(blocks: int, g: torch.Generator) -> list[torch.Tensor]:
-    """One random pool per layer, each on the engine's kind of memory (``kv_pool``)."""
-    pools = []
-    for _ in range(LAYERS):
-        pool, _ = kv_pool((blocks, 2, BS, HKV, D), torch.float32, torch.device("cpu"))
-        pools.append(pool.copy_(torch.randn(pool.shape, generator=g)))
-    return pools
+    """One random pool per layer, each on the engine's kind of memory."""
+    return [random_pool((blocks, 2, BS, HKV, D), g)[0] for _ in range(LAYERS)]
+
+
+def decode(q: torch.Tensor, view: Callable[[int], torch.Tensor], table: torch.Tensor, lens: torch.Tensor,
+           layer: int) -> torch.Tensor:
+    return KERNELS.paged_decode(q, view(layer), table, lens, D**-0.5)
 
 
 def main(rounds: int) -> None:
-    kernels, g = load(), torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)
     engine, how = engine_pool(BLOCKS, g)
     by_layer = layer_major_pools(BLOCKS, g)
     scattered, adjacent = torch.randperm(BLOCKS, generator=g).tolist(), list(range(BLOCKS))
@@ -58,11 +61,8 @@ def main(rounds: int) -> None:
           f"median ms per layer of {rounds} rounds (speed-up over the engine's pool, scattered)")
     for label, (batch, groups, prefix, suffix) in CASES.items():
         q = torch.randn(batch, HEADS, D, generator=g)
-        calls = {}
-        for name, (view, ids) in layouts.items():
-            table, lens = tables(random.Random(0), ids, batch, groups, prefix, suffix)
-            calls[name] = lambda layer, view=view, table=table, lens=lens: kernels.paged_decode(
-                q, view(layer), table, lens, D**-0.5)  # noqa: B023 - q is this case's
+        calls = {name: functools.partial(decode, q, view, *tables(random.Random(0), ids, batch, groups, prefix, suffix))
+                 for name, (view, ids) in layouts.items()}
         times: dict[str, list[float]] = {name: [] for name in calls}
         for _ in range(rounds):
             for name, call in calls.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -50,8 +52,6 @@ def test_the_kernel_cache_is_keyed_by_the_cpus_flags() -> None:
 
 def test_another_trees_build_is_keyed_by_every_file_and_the_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Two checkouts timed side by side must never share a build: a header alone may differ.
-    import shutil
-
     here = SOURCES[0].parent
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(here, a)

@@ -1,8 +1,8 @@
 """Whole decode steps and lone prompts under several linear plans, alternated in one
 process (docs/performance.md, section 28): the plan the engine measured at start-up, and
-the two plans the probe it replaced chose between (pdmesh's kernel up to 31 rows then MKL,
-as ``PDMESH_ONEDNN=0`` runs; and oneDNN for 1-31 rows with the same above, its "few rows"
-plan); or, with ``--vary N``, the measured plan with the range that starts at N rows
+the two plans the probe it replaced chose between (pdmesh's kernel up to ``KERNEL_MAX_ROWS``
+rows then MKL, as ``PDMESH_ONEDNN=0`` runs; and oneDNN for those rows with the same above,
+its "few rows" plan); or, with ``--vary N``, the measured plan with the range that starts at N rows
 computed by each product that can. Decode: ``batch`` sequences of ~300-token contexts, each
 plan's median of 7 rounds of 8 steps; prefill: fresh prompts, median of 5 per plan.
 
@@ -29,7 +29,7 @@ from pdmesh.sampling_params import SamplingParams
 def plans(measured: LinearPlan, vary: int | None) -> dict[str, LinearPlan]:
     if vary is None:
         few = tuple(Product.ONEDNN if p is Product.KERNEL else p for p in DEFAULT_PRODUCTS)
-        return {"measured": measured, f"kernel <= {KERNEL_MAX_ROWS}": LinearPlan(), "oneDNN <= 31": LinearPlan(few)}
+        return {"measured": measured, f"kernel <= {KERNEL_MAX_ROWS}": LinearPlan(), f"oneDNN <= {KERNEL_MAX_ROWS}": LinearPlan(few)}
     i = RANGES.index(vary)
     named = {"measured": measured}
     for product in Product:

@@ -7,7 +7,7 @@ and 22):
      torch has it), per row count, beside the floor: reading each weight once (a sum);
   2. whole decode steps of one engine (128-token contexts), ``linear_rows`` on and off
      (the default plan vs one with MKL's product up to ``KERNEL_MAX_ROWS`` too), per batch
-     size (32 is a control: MKL on both sides),
+     size (64 is a control: MKL on both sides),
      with oneDNN off (``PDMESH_ONEDNN=0``: where it wins it would serve both sides);
   3. the paged decode attention kernel over a pool on 4 KiB pages against one advised to
      use transparent huge pages (batch 32, ~600-token contexts, scattered blocks).
@@ -74,7 +74,7 @@ def decode_steps(model: str) -> None:
     # serve every row count with it: both sides below would then run oneDNN.
     os.environ["PDMESH_ONEDNN"] = "0"
     print("part 2: decode steps, 128-token contexts, ms per step (median of 5 alternations; oneDNN off)")
-    for batch in (1, 4, 8, 16, 24, 31, 32):
+    for batch in (1, 4, 8, 16, 24, 32, 48, 64):
         eng = LLMEngine(EngineArgs(model=model, dtype="float32", num_blocks=2048).engine_config())
         rng = random.Random(0)
         for i in range(batch):

@@ -43,10 +43,12 @@ from pdmesh.model import onednn, plan_store
 
 log = logging.getLogger(__name__)
 
-KERNEL_MAX_ROWS = 31
+KERNEL_MAX_ROWS = 63
 """Up to this many rows pdmesh's own product (``linear_rows``) can run. Whole decode steps
-on AMD machines: 1.1-1.7x faster than with MKL's product at 1 to 31 sequences; at 32, 48
-and 64, where MKL's kernel is at its best, ours gave 0.91-0.98x (section 12)."""
+on AMD machines: 1.1-1.7x faster than with MKL's product at 1 to 31 sequences (section
+12). Since its weight vectors stay in registers it also ties or beats oneDNN's at 32-63
+rows on an AMD EPYC Zen 4 (1.00-1.13x whole decode steps, section 44); where it does not,
+the probe gives that range to another product."""
 MM_MAX_ROWS = 256
 """Up to this many rows the transposed product is a choice; prefill chunks above it keep a
 row-major output, which the attention and elementwise kernels after it read faster."""
@@ -81,7 +83,7 @@ on one weight per shape."""
 STREAMED_PROBE_BYTES = 512 * 2**20
 """About this many bytes of weights per streamed probe: far past any cache, while the
 packed copies the probe makes stay bounded (all of a 7B float32 model's would be 28 GB)."""
-DEFAULT_PRODUCTS = (Product.KERNEL,) * 5 + (Product.MM,) * 2 + (Product.LINEAR,)
+DEFAULT_PRODUCTS = (Product.KERNEL,) * 6 + (Product.MM,) + (Product.LINEAR,)
 """Each range's product without a measurement (bfloat16, CUDA, ``PDMESH_ONEDNN=0``)."""
 PROBE_TIMING = {"rounds": 3, "reps": 1, "warmup": 1}
 """Each product's best of three passes over the weights, after one: the whole probe of the

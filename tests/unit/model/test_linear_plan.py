@@ -41,8 +41,8 @@ def test_each_row_count_finds_its_range() -> None:
 
 
 def test_a_plan_never_gives_a_product_rows_beyond_its_reach() -> None:
-    with pytest.raises(ValueError, match="kernel cannot compute 32 rows"):
-        LinearPlan((K,) * 6 + (M, L))
+    with pytest.raises(ValueError, match="kernel cannot compute 64 rows"):
+        LinearPlan((K,) * 7 + (L,))
     with pytest.raises(ValueError, match="mm cannot compute 257 rows"):
         LinearPlan((K,) * 5 + (M,) * 3)
     with pytest.raises(ValueError, match="one per range"):
@@ -104,10 +104,10 @@ def _timings(**seconds: list[float]) -> list[dict[Product, float]]:
 def test_the_default_is_left_only_for_a_clear_gain() -> None:
     defaults = DEFAULT_PRODUCTS
     # F.linear 1.04x the default in every range: a near tie keeps the default; at 1.06x it is taken.
-    near = decide(defaults, _timings(kernel=[1.04] * 5 + [9] * 3, mm=[9] * 5 + [1.04] * 2 + [9],
+    near = decide(defaults, _timings(kernel=[1.04] * 6 + [9] * 2, mm=[9] * 6 + [1.04] + [9],
                                      linear=[1.0] * 7 + [1.0]))
     assert near.products == defaults
-    clear = decide(defaults, _timings(kernel=[1.06] * 5 + [9] * 3, mm=[9] * 5 + [1.06] * 2 + [9], linear=[1.0] * 8))
+    clear = decide(defaults, _timings(kernel=[1.06] * 6 + [9] * 2, mm=[9] * 6 + [1.06] + [9], linear=[1.0] * 8))
     assert clear.products == (L,) * 8
 
 
@@ -118,7 +118,7 @@ def test_onednn_is_packed_only_where_it_pays_for_its_copy_and_then_wherever_it_w
     # 1.2x at 16-31 rows pays for the copy; then every range it wins by 5% takes it too.
     gains = [0.9, 1.04, 1.06, 1.1, 1.2, 1.0, 1.06, 0.8]
     plan = decide(DEFAULT_PRODUCTS, _timings(**base, onednn=[1 / g for g in gains]))
-    assert plan.products == (K, K, D, D, D, M, D, L)
+    assert plan.products == (K, K, D, D, D, K, D, L)
     assert MARGIN > 1.06  # the 1.06x ranges ride on the 1.2x one
 
 
@@ -133,7 +133,7 @@ def _products(costs: dict[Product, object]):  # type: ignore[no-untyped-def]
 def test_choose_times_each_range_on_the_weights() -> None:
     weights = [torch.randn(256, 256) for _ in range(2)]
     free = linear_plan.choose(weights, _products({K: lambda r: 0, M: lambda r: 0, L: lambda r: 60}))
-    assert free.products == (K,) * 5 + (M,) * 2 + (D,)  # nothing beats a product that costs nothing
+    assert free.products == (K,) * 6 + (M, D)  # nothing beats a product that costs nothing
     # One row costs nothing through the default, every other row count 60 products.
     plan = linear_plan.choose(weights, _products({K: lambda r: 0 if r == 1 else 60, M: lambda r: 60,
                                                   L: lambda r: 60}))

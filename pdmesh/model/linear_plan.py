@@ -63,11 +63,13 @@ class Product(enum.Enum):
     ONEDNN = "oneDNN"
 
 
-RANGES = (1, 2, 4, 8, 16, 32, 64, MM_MAX_ROWS + 1)
+RANGES = (1, 2, 4, 8, 16, 32, 48, 64, MM_MAX_ROWS + 1)
 """The first row count of each range a plan decides on its own. Their bounds fall where a
 product's reach ends (``KERNEL_MAX_ROWS``, ``MM_MAX_ROWS``), so every product a range may
-take serves all of it."""
-PROBE_ROWS = ((1,), (2,), (5,), (11,), (23,), (32, 63), (64, 256), (512,))
+take serves all of it. 32-63 rows are two ranges: on an AMD EPYC Zen 4 pdmesh's kernel
+was 1.05x oneDNN's in whole decode steps of 32 and 0.99x at 48, so one range timed at
+both ends went either way from load to load (section 44)."""
+PROBE_ROWS = ((1,), (2,), (5,), (11,), (23,), (32, 47), (48, 63), (64, 256), (512,))
 """The row counts each range is timed at (their times summed). Up to 31 rows the products'
 costs grow smoothly with rows, so a range's geometric middle tells; above they do not: on a
 2-core Xeon MKL's products were at their best at 128 rows, where all three tied, while
@@ -83,7 +85,7 @@ on one weight per shape."""
 STREAMED_PROBE_BYTES = 512 * 2**20
 """About this many bytes of weights per streamed probe: far past any cache, while the
 packed copies the probe makes stay bounded (all of a 7B float32 model's would be 28 GB)."""
-DEFAULT_PRODUCTS = (Product.KERNEL,) * 6 + (Product.MM,) + (Product.LINEAR,)
+DEFAULT_PRODUCTS = (Product.KERNEL,) * 7 + (Product.MM,) + (Product.LINEAR,)
 """Each range's product without a measurement (bfloat16, CUDA, ``PDMESH_ONEDNN=0``)."""
 PROBE_TIMING = {"rounds": 3, "reps": 1, "warmup": 1}
 """Each product's best of three passes over the weights, after one: the whole probe of the

@@ -72,7 +72,7 @@ def test_choose_shares_its_plan_with_the_next_process_on_the_same_shapes(monkeyp
 
 def test_a_stored_plan_this_version_cannot_run_is_measured_again(monkeypatch, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(plan_store, "load", lambda key: plan_store.Stored(("kernel",) * 8, 1.0, 1))  # 32+ rows: no
+    monkeypatch.setattr(plan_store, "load", lambda key: plan_store.Stored(("kernel",) * 9, 1.0, 1))  # 64+ rows: no
     calls = [0]
 
     def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

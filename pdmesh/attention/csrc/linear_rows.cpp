@@ -35,7 +35,8 @@ constexpr int kNR = Widest::REGS >= 32 ? 6 : 3;
 constexpr int64_t kLineFloats = 16;  // a 64-byte cache line
 
 // MR rows of x against NR rows of w; ``next`` is the weight run the following tile reads.
-template <int MR, int NR>
+// ``kPin``: the weight vectors are held in registers (for more rows of x than one tile's).
+template <int MR, int NR, bool kPin>
 inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* y, int64_t ldy,
                  const float* next) {
   using V = Widest;
@@ -53,8 +54,10 @@ inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* 
       wv[j] = V::load(w + j * K + k);
       // Pinned in a register: without it GCC folds the load into each of the row's MR
       // FMAs, so a step loaded every weight vector MR times (28 loads for 24 FMAs at
-      // 4 x 6) and ran at half the FMA units' rate even from L1.
-      asm("" : "+v"(wv[j]));
+      // 4 x 6) and ran at half the FMA units' rate even from L1. That only matters where
+      // the tile is read again for more rows of x; at 2-4 rows, where each tile is read
+      // once and memory sets the pace, the pinned loads ran 5-12% slower.
+      if constexpr (kPin) asm("" : "+v"(wv[j]));
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -79,17 +82,28 @@ inline void tile(const float* x, int64_t ldx, const float* w, int64_t K, float* 
   }
 }
 
-// Every row of x against NR consecutive rows of w.
+// Every row of x against NR consecutive rows of w, four at a time.
+template <int NR, bool kPin>
+void tiles_of_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, float* y, int64_t N,
+                  const float* next) {
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) tile<kMR, NR, kPin>(x + m * ldx, ldx, w, K, y + m * N, N, next);
+  switch (M - m) {
+    case 3: tile<3, NR, kPin>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
+    case 2: tile<2, NR, kPin>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
+    case 1: tile<1, NR, kPin>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
+    default: break;
+  }
+}
+
+// The same, with the weight vectors held in registers where a tile serves more rows than one.
 template <int NR>
 void rows_against(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, float* y, int64_t N,
                   const float* next) {
-  int64_t m = 0;
-  for (; m + kMR <= M; m += kMR) tile<kMR, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next);
-  switch (M - m) {
-    case 3: tile<3, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
-    case 2: tile<2, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
-    case 1: tile<1, NR>(x + m * ldx, ldx, w, K, y + m * N, N, next); break;
-    default: break;
+  if (M > kMR) {
+    tiles_of_rows<NR, true>(x, ldx, M, K, w, y, N, next);
+  } else {
+    tiles_of_rows<NR, false>(x, ldx, M, K, w, y, N, next);
   }
 }
 

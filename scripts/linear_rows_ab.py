@@ -1,0 +1,81 @@
+"""Two builds of the few-row product (``linear_rows``) side by side in one process: over
+the default model's eight layers of weights streamed from memory as a decode step reads
+them, and over one weight per shape that stays in cache, per row count, calls alternated
+(docs/performance.md, section 44).
+
+    git worktree add /tmp/old COMMIT
+    .venv/bin/python scripts/linear_rows_ab.py /tmp/old . [--no-avx512] [--rows 1,8,32] [--onednn]
+
+Each side is a source tree whose kernels are built as ``pdmesh.attention.cpu_kernels``
+builds them (``--no-avx512``: both for AVX2 alone, the code AVX2-only machines run). For
+each row count it prints both sides' ms and GFLOP/s, old / new, and whether their outputs
+are equal bit for bit (else the largest difference); ``--onednn`` adds oneDNN's packed
+product over the streamed weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from pdmesh.attention.cpu_kernels import build_tree
+from pdmesh.model import onednn
+
+SHAPES = [(1024, 512), (512, 512), (2048, 512), (2048, 512), (512, 2048)]
+"""One layer's weights [out, in] of the default model: qkv, o, gate, up, down."""
+LAYERS = 8
+
+
+def best(fn, rounds: int, reps: int) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - start) / reps)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--no-avx512", action="store_true")
+    ap.add_argument("--rows", default="1,2,4,8,16,24,32,48,63")
+    ap.add_argument("--onednn", action="store_true", help="also oneDNN's packed product (streamed)")
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    flags = ("-mno-avx512f",) if args.no_avx512 else ()
+    old, new = (build_tree(Path(t) / "pdmesh" / "attention" / "csrc", flags).linear_rows for t in (args.old, args.new))
+    g = torch.Generator().manual_seed(0)
+    weights = [[torch.randn(o, i, generator=g) * 0.02 for o, i in SHAPES] for _ in range(LAYERS)]
+    packed = ({id(w): onednn.pack(w) for ws in weights for w in ws}
+              if args.onednn and onednn.available() else {})
+    print("ms over 8 layers' weights streamed (GFLOP/s) | GFLOP/s over one weight per shape in cache")
+    for rows in (int(r) for r in args.rows.split(",")):
+        xs = {i: torch.randn(rows, i, generator=g) for _, i in SHAPES}
+        flops = 2 * rows * sum(o * i for o, i in SHAPES)
+        diff = max((old(xs[w.shape[1]], w) - new(xs[w.shape[1]], w)).abs().max().item() for ws in weights for w in ws)
+        streamed = {"old": [], "new": []}
+        cached = {"old": [], "new": []}
+        for _ in range(3):
+            for name, fn in (("old", old), ("new", new)):
+                streamed[name].append(best(lambda fn=fn: [fn(xs[w.shape[1]], w) for ws in weights for w in ws], 1, 5))
+                cached[name].append(best(lambda fn=fn: [fn(xs[w.shape[1]], w) for w in weights[0]], 1, 20))
+        s = {k: min(v) for k, v in streamed.items()}
+        c = {k: min(v) for k, v in cached.items()}
+        line = (f"{rows:3d} rows: old {s['old'] * 1e3:6.2f} ({LAYERS * flops / s['old'] / 1e9:3.0f})"
+                f"  new {s['new'] * 1e3:6.2f} ({LAYERS * flops / s['new'] / 1e9:3.0f})  old / new {s['old'] / s['new']:.2f}x"
+                f" | old {flops / c['old'] / 1e9:3.0f}  new {flops / c['new'] / 1e9:3.0f}  {c['old'] / c['new']:.2f}x"
+                f"  ({'bits equal' if diff == 0 else f'largest difference {diff:.3g}'})")
+        if packed:
+            o = best(lambda: [onednn.product(xs[w.shape[1]], packed[id(w)], None) for ws in weights for w in ws], 3, 5)
+            line += f"  oneDNN {o * 1e3:6.2f} ({LAYERS * flops / o / 1e9:3.0f}), oneDNN / new {o / s['new']:.2f}x"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """Two builds of the few-row product (``linear_rows``) side by side in one process: over
 the default model's eight layers of weights streamed from memory as a decode step reads
 them, and over one weight per shape that stays in cache, per row count, calls alternated
-(docs/performance.md, section 44).
+(``best_seconds_of``; docs/performance.md, section 44).
 
     git worktree add /tmp/old COMMIT
     .venv/bin/python scripts/linear_rows_ab.py /tmp/old . [--no-avx512] [--rows 1,8,32] [--onednn]
@@ -16,27 +16,24 @@ product over the streamed weights.
 from __future__ import annotations
 
 import argparse
-import time
+import functools
 from pathlib import Path
 
 import torch
 
 from pdmesh.attention.cpu_kernels import build_tree
 from pdmesh.model import onednn
+from pdmesh.model.linear_plan import best_seconds, best_seconds_of
 
 SHAPES = [(1024, 512), (512, 512), (2048, 512), (2048, 512), (512, 2048)]
 """One layer's weights [out, in] of the default model: qkv, o, gate, up, down."""
 LAYERS = 8
 
 
-def best(fn, rounds: int, reps: int) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        times.append((time.perf_counter() - start) / reps)
-    return min(times)
+def over(fn, xs: dict[int, torch.Tensor], weights: list[torch.Tensor]) -> None:  # type: ignore[no-untyped-def]
+    """``fn(x, w)`` for every weight, x the rows of its input width."""
+    for w in weights:
+        fn(xs[w.shape[1]], w)
 
 
 def main() -> None:
@@ -59,20 +56,18 @@ def main() -> None:
         xs = {i: torch.randn(rows, i, generator=g) for _, i in SHAPES}
         flops = 2 * rows * sum(o * i for o, i in SHAPES)
         diff = max((old(xs[w.shape[1]], w) - new(xs[w.shape[1]], w)).abs().max().item() for ws in weights for w in ws)
-        streamed = {"old": [], "new": []}
-        cached = {"old": [], "new": []}
-        for _ in range(3):
-            for name, fn in (("old", old), ("new", new)):
-                streamed[name].append(best(lambda fn=fn: [fn(xs[w.shape[1]], w) for ws in weights for w in ws], 1, 5))
-                cached[name].append(best(lambda fn=fn: [fn(xs[w.shape[1]], w) for w in weights[0]], 1, 20))
-        s = {k: min(v) for k, v in streamed.items()}
-        c = {k: min(v) for k, v in cached.items()}
+        s = dict(zip(("old", "new"), best_seconds_of(
+            *[functools.partial(over, fn, xs, [w for ws in weights for w in ws]) for fn in (old, new)],
+            rounds=3, reps=5)))
+        c = dict(zip(("old", "new"), best_seconds_of(
+            *[functools.partial(over, fn, xs, weights[0]) for fn in (old, new)], rounds=3, reps=20)))
         line = (f"{rows:3d} rows: old {s['old'] * 1e3:6.2f} ({LAYERS * flops / s['old'] / 1e9:3.0f})"
                 f"  new {s['new'] * 1e3:6.2f} ({LAYERS * flops / s['new'] / 1e9:3.0f})  old / new {s['old'] / s['new']:.2f}x"
                 f" | old {flops / c['old'] / 1e9:3.0f}  new {flops / c['new'] / 1e9:3.0f}  {c['old'] / c['new']:.2f}x"
                 f"  ({'bits equal' if diff == 0 else f'largest difference {diff:.3g}'})")
         if packed:
-            o = best(lambda: [onednn.product(xs[w.shape[1]], packed[id(w)], None) for ws in weights for w in ws], 3, 5)
+            o = best_seconds(lambda: [onednn.product(xs[w.shape[1]], packed[id(w)], None) for ws in weights for w in ws],
+                             rounds=3, reps=5)
             line += f"  oneDNN {o * 1e3:6.2f} ({LAYERS * flops / o / 1e9:3.0f}), oneDNN / new {o / s['new']:.2f}x"
         print(line, flush=True)
 

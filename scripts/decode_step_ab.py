@@ -4,10 +4,10 @@ tree's, alternated in one process (docs/performance.md, section 44).
 Kernel A/Bs (``decode_attention_ab.py``, the products in ``linear_rows_costs.py``) time a
 kernel alone; this times what a served step pays. The engine is built once; each round
 switches its kernels module (``use_kernels``: norms, rotary embedding, SiLU x up and the
-few-row product; decode attention stays the engine's backend) and runs decode steps over ``batch``
-sequences of ~288-token contexts, the few-row kernel computing every row count it can
-reach on both sides. Where a batch falls in a range the engine's measured plan could also
-give oneDNN, that plan is a third side.
+few-row product; decode attention stays the engine's backend) and runs decode steps over
+``batch`` sequences of ~288-token contexts, the few-row kernel computing every row count
+it can reach on both sides. Where the kernel can take a batch, oneDNN's product for that
+batch's range is a third side: what the plan would serve if the probe chose it.
 
     git worktree add /tmp/old COMMIT
     .venv/bin/python scripts/decode_step_ab.py /tmp/old [--batches 8,16,24,32,48]
@@ -33,12 +33,15 @@ STEPS = 6
 
 
 def kernel_wherever_it_reaches(plan: LinearPlan) -> LinearPlan:
+    """``plan`` with the few-row kernel in every range it can serve whole, so both sides'
+    kernels compute the same row counts whatever the probe chose on this load."""
     reach = rows_limit(Product.KERNEL)
     return LinearPlan(tuple(Product.KERNEL if i + 1 < len(RANGES) and RANGES[i + 1] - 1 <= reach else p
                             for i, p in enumerate(plan.products)))
 
 
 def onednn_at(plan: LinearPlan, rows: int) -> LinearPlan:
+    """``plan`` with oneDNN's product for the range ``rows`` falls in."""
     i = RANGES.index(max(r for r in RANGES if r <= rows))
     return LinearPlan(plan.products[:i] + (Product.ONEDNN,) + plan.products[i + 1:])
 

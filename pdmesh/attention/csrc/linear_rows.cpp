@@ -96,7 +96,8 @@ void tiles_of_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const floa
   }
 }
 
-// The same, with the weight vectors held in registers where a tile serves more rows than one.
+// The same, the weight vectors held in registers where x has more rows than one tile's four
+// (each weight tile is then read again from L1 or L2, and the folded loads cost FMA slots).
 template <int NR>
 void rows_against(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, float* y, int64_t N,
                   const float* next) {

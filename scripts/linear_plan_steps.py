@@ -1,9 +1,9 @@
 """Whole decode steps and lone prompts under several linear plans, alternated in one
 process (docs/performance.md, section 28): the plan the engine measured at start-up, and
-the two plans the probe it replaced chose between (pdmesh's kernel up to ``KERNEL_MAX_ROWS``
-rows then MKL, as ``PDMESH_ONEDNN=0`` runs; and oneDNN for those rows with the same above,
-its "few rows" plan); or, with ``--vary N``, the measured plan with the range that starts at N rows
-computed by each product that can. Decode: ``batch`` sequences of ~300-token contexts, each
+the two plans the probe it replaced chose between (pdmesh's kernel up to
+``KERNEL_MAX_ROWS`` rows then MKL, as ``PDMESH_ONEDNN=0`` runs; and oneDNN for those rows
+with the same above, its "few rows" plan); or, with ``--vary N``, the measured plan with
+the range that starts at N rows computed by each product that can. Decode: ``batch`` sequences of ~300-token contexts, each
 plan's median of 7 rounds of 8 steps; prefill: fresh prompts, median of 5 per plan.
 
     .venv/bin/python scripts/linear_plan_steps.py [MODEL_DIR] [--batches 1,2,3,4,8,16,24,32]
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from pdmesh.bench.profile import decode_step_times
 from pdmesh.config import EngineArgs
@@ -29,7 +31,8 @@ from pdmesh.sampling_params import SamplingParams
 def plans(measured: LinearPlan, vary: int | None) -> dict[str, LinearPlan]:
     if vary is None:
         few = tuple(Product.ONEDNN if p is Product.KERNEL else p for p in DEFAULT_PRODUCTS)
-        return {"measured": measured, f"kernel <= {KERNEL_MAX_ROWS}": LinearPlan(), f"oneDNN <= {KERNEL_MAX_ROWS}": LinearPlan(few)}
+        return {"measured": measured, f"kernel <= {KERNEL_MAX_ROWS}": LinearPlan(),
+                f"oneDNN <= {KERNEL_MAX_ROWS}": LinearPlan(few)}
     i = RANGES.index(vary)
     named = {"measured": measured}
     for product in Product:
@@ -38,16 +41,27 @@ def plans(measured: LinearPlan, vary: int | None) -> dict[str, LinearPlan]:
     return named
 
 
-def decode_ms(engine: LLMEngine, batch: int, named: dict[str, LinearPlan]) -> dict[str, float]:
+Setup = Callable[[], object]
+"""What one side of an A/B sets on the engine before its round (a linear plan, kernels)."""
+
+
+def plan_setups(engine: LLMEngine, named: dict[str, LinearPlan]) -> dict[str, Setup]:
+    """Each plan as a side: the engine's model computing by it."""
+    return {name: functools.partial(engine.runner.model.apply_linear_plan, plan) for name, plan in named.items()}
+
+
+def decode_ms(engine: LLMEngine, batch: int, sides: dict[str, Setup]) -> dict[str, float]:
+    """Median ms of a decode step over ``batch`` ~300-token contexts for each side, their
+    rounds alternated (also ``scripts/decode_step_ab.py``'s measure)."""
     rng = random.Random(batch)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True, output_kind="final_only")
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", [rng.randrange(10, vocab - 10) for _ in range(300)], params)
-    times: dict[str, list[float]] = {name: [] for name in named}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(7):
-        for name, plan in named.items():
-            engine.runner.model.apply_linear_plan(plan)
+        for name, setup in sides.items():
+            setup()
             times[name].append(statistics.mean(decode_step_times(engine, 8, warmup=1)))  # after a switch
     for i in range(batch):
         with contextlib.suppress(UnknownRequestError):  # a short context may have ended it
@@ -57,13 +71,13 @@ def decode_ms(engine: LLMEngine, batch: int, named: dict[str, LinearPlan]) -> di
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
-def prefill_ms(engine: LLMEngine, named: dict[str, LinearPlan], tokens: int) -> dict[str, float]:
+def prefill_ms(engine: LLMEngine, sides: dict[str, Setup], tokens: int) -> dict[str, float]:
     rng = random.Random(tokens)
     vocab = engine.model_config.vocab_size
-    times: dict[str, list[float]] = {name: [] for name in named}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for i in range(5):
-        for name, plan in named.items():
-            engine.runner.model.apply_linear_plan(plan)
+        for name, setup in sides.items():
+            setup()
             engine.add_request(f"p{name}{tokens}-{i}", [rng.randrange(10, vocab - 10) for _ in range(tokens)],
                                SamplingParams(temperature=0, max_tokens=1))
             start = time.perf_counter()
@@ -91,10 +105,11 @@ def main() -> None:
 
 
 def _rows(engine: LLMEngine, named: dict[str, LinearPlan], args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    sides = plan_setups(engine, named)
     for batch in (int(b) for b in args.batches.split(",") if b):
-        yield f"decode step, batch {batch}", decode_ms(engine, batch, named)
+        yield f"decode step, batch {batch}", decode_ms(engine, batch, sides)
     for tokens in (int(t) for t in args.prefill.split(",") if t):
-        yield f"{tokens}-token prefill", prefill_ms(engine, named, tokens)
+        yield f"{tokens}-token prefill", prefill_ms(engine, sides, tokens)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import functools
 from pathlib import Path
 
 import torch
+from decode_attention_costs import LAYERS
 
 from pdmesh.attention.cpu_kernels import build_tree
 from pdmesh.model import onednn
@@ -27,7 +28,6 @@ from pdmesh.model.linear_plan import best_seconds, best_seconds_of
 
 SHAPES = [(1024, 512), (512, 512), (2048, 512), (2048, 512), (512, 2048)]
 """One layer's weights [out, in] of the default model: qkv, o, gate, up, down."""
-LAYERS = 8
 
 
 def over(fn, xs: dict[int, torch.Tensor], weights: list[torch.Tensor]) -> None:  # type: ignore[no-untyped-def]
@@ -48,25 +48,24 @@ def main() -> None:
     flags = ("-mno-avx512f",) if args.no_avx512 else ()
     old, new = (build_tree(Path(t) / "pdmesh" / "attention" / "csrc", flags).linear_rows for t in (args.old, args.new))
     g = torch.Generator().manual_seed(0)
-    weights = [[torch.randn(o, i, generator=g) * 0.02 for o, i in SHAPES] for _ in range(LAYERS)]
-    packed = ({id(w): onednn.pack(w) for ws in weights for w in ws}
-              if args.onednn and onednn.available() else {})
+    streamed = [torch.randn(o, i, generator=g) * 0.02 for _ in range(LAYERS) for o, i in SHAPES]
+    in_cache = streamed[:len(SHAPES)]
+    packed = {id(w): onednn.pack(w) for w in streamed} if args.onednn and onednn.available() else {}
     print("ms over 8 layers' weights streamed (GFLOP/s) | GFLOP/s over one weight per shape in cache")
     for rows in (int(r) for r in args.rows.split(",")):
         xs = {i: torch.randn(rows, i, generator=g) for _, i in SHAPES}
         flops = 2 * rows * sum(o * i for o, i in SHAPES)
-        diff = max((old(xs[w.shape[1]], w) - new(xs[w.shape[1]], w)).abs().max().item() for ws in weights for w in ws)
+        diff = max((old(xs[w.shape[1]], w) - new(xs[w.shape[1]], w)).abs().max().item() for w in streamed)
         s = dict(zip(("old", "new"), best_seconds_of(
-            *[functools.partial(over, fn, xs, [w for ws in weights for w in ws]) for fn in (old, new)],
-            rounds=3, reps=5)))
+            *[functools.partial(over, fn, xs, streamed) for fn in (old, new)], rounds=3, reps=5)))
         c = dict(zip(("old", "new"), best_seconds_of(
-            *[functools.partial(over, fn, xs, weights[0]) for fn in (old, new)], rounds=3, reps=20)))
+            *[functools.partial(over, fn, xs, in_cache) for fn in (old, new)], rounds=3, reps=20)))
         line = (f"{rows:3d} rows: old {s['old'] * 1e3:6.2f} ({LAYERS * flops / s['old'] / 1e9:3.0f})"
                 f"  new {s['new'] * 1e3:6.2f} ({LAYERS * flops / s['new'] / 1e9:3.0f})  old / new {s['old'] / s['new']:.2f}x"
                 f" | old {flops / c['old'] / 1e9:3.0f}  new {flops / c['new'] / 1e9:3.0f}  {c['old'] / c['new']:.2f}x"
                 f"  ({'bits equal' if diff == 0 else f'largest difference {diff:.3g}'})")
         if packed:
-            o = best_seconds(lambda: [onednn.product(xs[w.shape[1]], packed[id(w)], None) for ws in weights for w in ws],
+            o = best_seconds(functools.partial(over, lambda x, w: onednn.product(x, packed[id(w)], None), xs, streamed),
                              rounds=3, reps=5)
             line += f"  oneDNN {o * 1e3:6.2f} ({LAYERS * flops / o / 1e9:3.0f}), oneDNN / new {o / s['new']:.2f}x"
         print(line, flush=True)

@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from linear_rows_ab import SHAPES
 
 from pdmesh.attention.cpu_kernels import load
 from pdmesh.config import EngineArgs
@@ -34,7 +35,6 @@ from pdmesh.model.linear_plan import DEFAULT_PRODUCTS, KERNEL_MAX_ROWS, LinearPl
 from pdmesh.sampling_params import SamplingParams
 
 KERNELS = load()
-SHAPES = [(1024, 512), (512, 512), (2048, 512), (2048, 512), (512, 2048)]
 
 
 def best(fn, rounds: int = 3, n: int = 5) -> float:  # type: ignore[no-untyped-def]

@@ -47,7 +47,7 @@ KERNEL_MAX_ROWS = 63
 """Up to this many rows pdmesh's own product (``linear_rows``) can run. Whole decode steps
 on AMD machines: 1.1-1.7x faster than with MKL's product at 1 to 31 sequences (section
 12). Since its weight vectors stay in registers it also beats oneDNN's at 32 rows on an
-AMD EPYC Zen 4 (whole decode steps 1.04-1.07x) and comes within 5% of it at 48-63 (section
+AMD EPYC Zen 4 (whole decode steps 1.02-1.07x) and comes within 5% of it at 40-63 (section
 44); where another product is faster, the probe gives it the range."""
 MM_MAX_ROWS = 256
 """Up to this many rows the transposed product is a choice; prefill chunks above it keep a
@@ -67,7 +67,7 @@ RANGES = (1, 2, 4, 8, 16, 32, 48, 64, MM_MAX_ROWS + 1)
 """The first row count of each range a plan decides on its own. Their bounds fall where a
 product's reach ends (``KERNEL_MAX_ROWS``, ``MM_MAX_ROWS``), so every product a range may
 take serves all of it. 32-63 rows are two ranges: on an AMD EPYC Zen 4 pdmesh's kernel
-was 1.04-1.07x oneDNN's in whole decode steps of 32 and 0.96-0.99x at 48, so one range
+was 1.02-1.07x oneDNN's in whole decode steps of 32 and 0.95-0.98x at 63, so one range
 timed at both ends went either way from load to load (section 44)."""
 PROBE_ROWS = ((1,), (2,), (5,), (11,), (23,), (32, 47), (48, 63), (64, 256), (512,))
 """The row counts each range is timed at (their times summed). Up to 31 rows the products'
@@ -103,6 +103,11 @@ gain inside the run-to-run spread. Once made, it serves every range it wins by
 ``SWITCH_MARGIN``."""
 
 
+def range_index(rows: int) -> int:
+    """Which of ``RANGES`` ``rows`` falls in (an empty input: the first)."""
+    return bisect.bisect_right(RANGES, rows) - 1 if rows > 0 else 0
+
+
 def rows_limit(product: Product) -> float:
     """The most rows ``product`` computes."""
     return {Product.KERNEL: KERNEL_MAX_ROWS, Product.MM: MM_MAX_ROWS}.get(product, float("inf"))
@@ -122,7 +127,7 @@ class LinearPlan:
                 raise ValueError(f"{product.value} cannot compute {start} rows (at most {rows_limit(product)})")
 
     def product(self, rows: int) -> Product:
-        return self.products[bisect.bisect_right(RANGES, rows) - 1 if rows > 0 else 0]
+        return self.products[range_index(rows)]
 
     @property
     def packs(self) -> bool:

@@ -32,6 +32,10 @@ class SingleFlight(Generic[T]):
             flight.add_done_callback(lambda f: self._landed(key, f))
         return await asyncio.wait_for(asyncio.shield(flight), timeout)
 
+    def busy(self, key: str) -> bool:
+        """A call for ``key`` is in flight (``run`` would join it)."""
+        return key in self._flights
+
     def _landed(self, key: str, flight: asyncio.Future[T]) -> None:
         if self._flights.get(key) is flight:
             del self._flights[key]

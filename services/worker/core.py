@@ -116,6 +116,9 @@ class WorkerCore:
         self.transfers = TransferRunner(self.transport, _copy_priority(cfg, region))
         self._connects: SingleFlight[None] = SingleFlight()
         """One NIXL connection attempt per peer at a time (``ensure_peer``)."""
+        self._warmed: set[tuple[str, str]] = set()
+        """Peers (id, epoch) whose connection a read warmed (``_warm``): once per start of
+        each, a failed read too."""
         self.dtype_name = str(self.engine.dtype).split(".")[-1]
         layout = KVLayout.for_model(self.engine.model_config, cfg.block_size, self.dtype_name)
         self.compat = layout.compat_hash(cfg.model, cfg.hash_algorithm, cfg.hash_seed)
@@ -163,7 +166,9 @@ class WorkerCore:
         request waiting on that connection failed its write too (six failures for two in
         a CI run of tests/integration/failover/test_transfer_failure.py)."""
         deadline = time.monotonic() + timeout
-        while not self.transport.has_peer(worker_id):
+        # A connection in flight may have registered the peer already and still be warming
+        # it (``_warm``): a write started now would take UCX's handshake itself.
+        while not self.transport.has_peer(worker_id) or self._connects.busy(worker_id):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TransferFailedError(f"NIXL connection to {worker_id} was dropped again within {timeout:.1f}s")
@@ -173,6 +178,7 @@ class WorkerCore:
     async def _connect(self, worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
         if self.transport.has_peer(worker_id):
             return
+        deadline = time.monotonic() + timeout
         info = await fetch_info(address, timeout, kvstore)
         if info.compat_hash != self.compat:
             raise IncompatibleWorkerError(
@@ -182,6 +188,37 @@ class WorkerCore:
             info.worker_id, info.nixl_metadata, info.kv_base_addr, info.kv_block_bytes,
             info.num_blocks, info.kv_mem_type or "DRAM", info.kv_device_id,
         ))
+        if (worker_id, info.epoch) not in self._warmed:
+            self._warmed.add((worker_id, info.epoch))
+            await self._warm(worker_id, deadline - time.monotonic())
+
+    async def _warm(self, peer: str, timeout: float) -> None:
+        """Read one of a new peer's blocks into a spare local one, so that UCX connects now.
+
+        A first transfer between two agents waits for UCX's connection handshake, which
+        needs the peer's progress passes: over shared memory a first 4 MiB write took
+        120-170 ms against a peer polling at the idle rate, later ones under 1 ms within
+        the writer's call. A request's first write to a decode worker then lands only
+        when the decode worker polls, and that worker polls every awaited reservation for
+        ``TRUST_S`` after (``services/decode/write_path.py``). One block read from the
+        peer (harmless there: nothing of its changes) takes the handshake instead, while
+        the prompt still computes; the first write then lands within its call. A failed
+        read is the first write's to report: logged, not raised (the runner has dropped
+        the peer, and ``ensure_peer`` connects once more without warming it)."""
+        eng = self.engine
+        blocks = self.aeng.call(lambda: eng.handoff.import_start(1))
+        if not blocks:
+            return  # no spare block: the first write connects instead
+        started = time.perf_counter()
+        try:
+            await self.transfers.read(peer, [blocks[0].block_id], [0], timeout)
+        except TransferFailedError as exc:
+            logging.getLogger(__name__).warning("warming the NIXL connection to %s failed: %s", peer, exc)
+        else:
+            logging.getLogger(__name__).info("NIXL connection to %s warmed by a one-block read in %.1f ms",
+                                             peer, 1e3 * (time.perf_counter() - started))
+        finally:
+            self.aeng.call(lambda: eng.handoff.import_finish(blocks, [], [], None, ok=False))
 
     async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
         """Write local blocks into a decode worker's (bytes counted once they landed, also

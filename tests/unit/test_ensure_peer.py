@@ -65,3 +65,28 @@ def test_a_peer_dropped_every_time_fails_by_the_deadline() -> None:
     core = core_whose_connections_drop(10**6)
     with pytest.raises(TransferFailedError, match="dropped again"):
         asyncio.run(WorkerCore.ensure_peer(core, "decode-0", "127.0.0.1:1", timeout=0.2))  # type: ignore[arg-type]
+
+
+def test_a_caller_waits_for_a_connection_still_warming_its_registered_peer() -> None:
+    """``_connect`` registers the peer, then warms it with a read (``WorkerCore._warm``); a
+    caller arriving in between finds the peer registered and must still wait: its write
+    would otherwise take UCX's handshake itself, pending until the peer polls."""
+    peers = Peers()
+    warmed = asyncio.Event()
+    core = SimpleNamespace(transport=peers, _connects=SingleFlight())
+
+    async def connect(worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
+        peers.names.add(worker_id)
+        await asyncio.sleep(0.05)  # the warming read
+        warmed.set()
+
+    core._connect = connect
+
+    async def callers() -> list[bool]:
+        async def one(delay: float) -> bool:
+            await asyncio.sleep(delay)
+            await WorkerCore.ensure_peer(core, "decode-0", "127.0.0.1:1", timeout=2.0)  # type: ignore[arg-type]
+            return warmed.is_set()
+        return await asyncio.gather(one(0.0), one(0.01))  # the second finds the peer registered
+
+    assert asyncio.run(callers()) == [True, True]

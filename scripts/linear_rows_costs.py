@@ -21,7 +21,6 @@ import ctypes
 import os
 import random
 import sys
-import time
 
 import torch
 from linear_rows_ab import SHAPES
@@ -31,20 +30,15 @@ from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.model import onednn
 from pdmesh.model.layers import transposed_mm
-from pdmesh.model.linear_plan import DEFAULT_PRODUCTS, KERNEL_MAX_ROWS, LinearPlan, Product
+from pdmesh.model.linear_plan import DEFAULT_PRODUCTS, KERNEL_MAX_ROWS, LinearPlan, Product, best_seconds
 from pdmesh.sampling_params import SamplingParams
 
 KERNELS = load()
 
 
 def best(fn, rounds: int = 3, n: int = 5) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append((time.perf_counter() - t) / n)
-    return min(times)
+    """Seconds per call: the best of ``rounds`` rounds of ``n`` calls."""
+    return best_seconds(fn, rounds=rounds, reps=n, warmup=0)
 
 
 def products() -> None:

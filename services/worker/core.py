@@ -203,8 +203,10 @@ class WorkerCore:
         ``TRUST_S`` after (``services/decode/write_path.py``). One block read from the
         peer (harmless there: nothing of its changes) takes the handshake instead, while
         the prompt still computes; the first write then lands within its call. A failed
-        read is the first write's to report: logged, not raised (the runner has dropped
-        the peer, and ``ensure_peer`` connects once more without warming it)."""
+        read is the first write's to report: logged, not raised (the runner drops the
+        peer when the read failed, not when it ran past its deadline, and ``ensure_peer``
+        then connects once more without warming it). The spare block comes from the pool
+        as a kvstore import's do, so a full pool may give up one cached block for it."""
         eng = self.engine
         blocks = self.aeng.call(lambda: eng.handoff.import_start(1))
         if not blocks:

@@ -35,6 +35,7 @@ import grpc
 from pdmesh.errors import InvalidRequestError
 from pdmesh.mesh_types import KvDestination
 from pdmesh.request import RequestOutput
+from pdmesh.rpc.call_writes import CallWrites
 from pdmesh.rpc.convert import (
     destination_from_proto,
     logprob_to_proto,
@@ -102,7 +103,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if request is grpc.aio.EOF:
             raise InvalidRequestError("PrefillStream", "the stream ended before the request")
         destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
-        work = asyncio.ensure_future(self._prefill(request, context, destination, early=context.write))
+        # The first token's write may still be in flight when a stop cancels the work: the
+        # call ends only once it is done (call_writes.py).
+        writes = CallWrites(context)
+        work = asyncio.ensure_future(self._prefill(request, context, destination, early=writes.write))
         given_up: tuple[grpc.StatusCode, str] | None = None
         """How the call ends once its work has stopped, when the router gave the request up:
         CANCELLED for a stop, INVALID_ARGUMENT for a third message that was not one."""
@@ -140,14 +144,18 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             current = asyncio.current_task()
             if given_up is None or (current is not None and current.cancelling()):
                 raise  # the call itself was cancelled
+            await writes.settled()
             await context.abort(*given_up)
+        except Exception:
+            await writes.settled()  # the status that follows must not meet a write in flight
+            raise
         finally:
             reader.cancel()
             if not destination.done():
                 destination.cancel()
             elif not destination.cancelled():
                 destination.exception()  # seen (the prefill already failed with it or without)
-        await context.write(answer)
+        await writes.write(answer)
 
     async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,
                        destination: asyncio.Future[KvDestination],

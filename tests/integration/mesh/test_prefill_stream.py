@@ -19,7 +19,7 @@ from pdmesh.launcher import Mesh
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
-from pdmesh.v1 import worker_pb2
+from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.integration.mesh.conftest import wait_idle
 
 
@@ -104,3 +104,56 @@ def test_the_first_token_is_answered_before_the_kv_write(mesh: Mesh) -> None:
     assert first.blocks_transferred == 0 and not first.HasField("kv_written_inline")
     assert whole.blocks_transferred == -(-len(prompt) // 16) and whole.bytes_transferred > 0
     wait_idle(mesh)
+
+
+def test_a_stop_while_the_first_token_is_still_being_sent_ends_the_call_cancelled(mesh: Mesh) -> None:
+    """A stop can come while the first token's write on the call is still in flight (the
+    router relayed it, and its caller left, before the worker's write completed). gRPC keeps
+    such a write going when the task awaiting it is cancelled, and ending the call then
+    fails (``GRPC_CALL_ERROR_TOO_MANY_OPERATIONS``): the call hung, the router waited its 5 s
+    for the worker to stop and left the reservation to its lease. The test holds the write
+    in flight the way a slow reader does: its channel's stream window is one byte, and it
+    reads nothing until the stop was sent. The call must end CANCELLED once the token was
+    read, well within the time the router gives a worker to stop."""
+    rng = random.Random(17)
+    prompt = [rng.randrange(5, 1000) for _ in range(40)]
+    params = SamplingParams(max_tokens=4, temperature=0)
+    rid = "stop-mid-first-token"
+
+    async def run() -> tuple[list[worker_pb2.PrefillResponse], grpc.StatusCode]:
+        decode = decode_stub(mesh.decode[0].address)
+        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
+        options = [("grpc.http2.lookahead_bytes", 1), ("grpc.http2.bdp_probe", 0)]
+        async with grpc.aio.insecure_channel(mesh.prefill[0].address, options=options) as channel:
+            try:
+                call = worker_pb2_grpc.PrefillStub(channel).PrefillStream(timeout=30)
+                await call.write(messages.prefill_request(rid, prompt, params, None))
+                await call.write(messages.destination_message(rid, handle))
+                # The prompt is computed (its KV held for the write) once the worker lists
+                # a hand-off; the first token's write follows at once and stalls.
+                async with asyncio.timeout(20):
+                    while not (await _held(mesh.prefill[0].address)):
+                        await asyncio.sleep(0.02)
+                await asyncio.sleep(0.3)
+                await call.write(messages.stop_message(rid))
+                await call.done_writing()
+                await asyncio.sleep(0.5)  # the worker takes the stop while its write stalls
+                async with asyncio.timeout(3):
+                    answers = []
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        async for msg in call:
+                            answers.append(msg)
+                    return answers, await call.code()
+            finally:
+                await decode.Release(messages.release_request(rid), timeout=30)
+
+    answers, code = asyncio.run(run())
+    assert code == grpc.StatusCode.CANCELLED, code
+    assert [a.first_only for a in answers] == [True]
+    wait_idle(mesh, timeout=8)
+
+
+async def _held(address: str) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        info = await worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(), timeout=5)
+    return info.num_handoffs > 0

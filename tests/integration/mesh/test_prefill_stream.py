@@ -20,6 +20,7 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
+from services.router.prefill_call import PrefillCall
 from tests.integration.mesh.conftest import wait_idle
 
 
@@ -157,3 +158,36 @@ async def _held(address: str) -> bool:
     async with grpc.aio.insecure_channel(address) as channel:
         info = await worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(), timeout=5)
     return info.num_handoffs > 0
+
+
+def test_a_call_whose_whole_answer_came_is_not_stopped_nor_taken_as_cut_off(mesh: Mesh) -> None:
+    """The router gives a reservation back once the prefill call cannot write into it
+    any more (``PrefillCall.stopped``), and 5 s later when the call was cut off. Once the
+    whole answer came every write is done: no stop is sent (it would cross the call's end,
+    and grpcio reports a write refused there as INTERNAL over the worker's OK, grpc/grpc#36066),
+    and the call is not taken as cut off whatever its status."""
+    rng = random.Random(19)
+    prompt = [rng.randrange(5, 1000) for _ in range(60)]
+    params = SamplingParams(max_tokens=4, temperature=0)
+    rid = "answered-then-given-back"
+
+    async def run() -> tuple[bool, bool, grpc.StatusCode, bool]:
+        decode = decode_stub(mesh.decode[0].address)
+        handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
+        try:
+            raw = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
+            call = PrefillCall(raw, rid)  # the router's end of the call, as handoff.py drives it
+            await call.request(messages.prefill_request(rid, prompt, params, None))
+            await call.destination(handle)
+            first, whole = await call.read(), await call.read()
+            assert first.first_only and not whole.first_only
+            stopped = await call.stopped(5.0)  # right after the answer, as the router does
+            code = await asyncio.wait_for(raw.code(), 5)
+            return stopped, await call.cut_off(), code, call._stop is None
+        finally:
+            await decode.Release(messages.release_request(rid), timeout=30)
+
+    stopped, cut_off, code, no_stop = asyncio.run(run())
+    assert stopped and not cut_off and no_stop, (stopped, cut_off, code)
+    assert code == grpc.StatusCode.OK
+    wait_idle(mesh)

@@ -48,28 +48,18 @@ async def _timings(address: str, prompts: list[list[int]], gap_s: float) -> list
     return out
 
 
-def _decode_paths(address: str) -> dict[str, float]:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
-    paths = {}
-    for line in text.splitlines():
-        if line.startswith("pdmesh_kv_writes_received_total{"):
-            path = line.split('path="')[1].split('"')[0]
-            paths[path] = float(line.rsplit(" ", 1)[1])
-    return paths
-
-
 def child(args: argparse.Namespace) -> None:
     from pdmesh.engine.async_engine import LEND_AFTER_IDLE_S
     from pdmesh.launcher import Mesh, MeshSpec
+    from pdmesh.telemetry.scrape import scrape, total
 
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(10, 1000) for _ in range(args.input_len)] for _ in range(args.n)]
     with tempfile.TemporaryDirectory() as logs, Mesh(MeshSpec(model=args.model, prefill=1, decode=1,
                                                               log_dir=logs)) as mesh:
         timings = asyncio.run(_timings(mesh.router_address, prompts, 2.5 * LEND_AFTER_IDLE_S))
-        paths = _decode_paths(mesh.decode[0].metrics_address)
+        samples = scrape(mesh.decode[0].metrics_address)
+        paths = {p: total(samples, "pdmesh_kv_writes_received_total", path=p) for p in ("inline", "polled")}
     print(json.dumps({"ttft_ms": [1e3 * a for a, _ in timings], "second_ms": [1e3 * b for _, b in timings],
                       "paths": paths}))
 

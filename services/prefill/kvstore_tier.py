@@ -65,7 +65,7 @@ class KVStoreTier:
         """The store's NIXL peer, connected. Called right before each transfer with nothing
         awaited between: another transfer's failure may have dropped the peer meanwhile
         (``TransferRunner``), and a transfer to a dropped peer fails to start."""
-        if not self.peer or not self.core.transport.has_peer(self.peer):
+        if not self.peer or not self.core.connected(self.peer):
             info = await self._store_info()
             await self.core.ensure_peer(info.worker_id, self.client.address, 2.0, kvstore=True)
             self.peer = info.worker_id

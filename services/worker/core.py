@@ -166,14 +166,18 @@ class WorkerCore:
         request waiting on that connection failed its write too (six failures for two in
         a CI run of tests/integration/failover/test_transfer_failure.py)."""
         deadline = time.monotonic() + timeout
-        # A connection in flight may have registered the peer already and still be warming
-        # it (``_warm``): a write started now would take UCX's handshake itself.
-        while not self.transport.has_peer(worker_id) or self._connects.busy(worker_id):
+        while not self.connected(worker_id):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TransferFailedError(f"NIXL connection to {worker_id} was dropped again within {timeout:.1f}s")
             # The margin lets the call's own deadline error (with its gRPC status) arrive first.
             await self._connects.run(worker_id, lambda: self._connect(worker_id, address, left, kvstore), left + 0.5)
+
+    def connected(self, worker_id: str) -> bool:
+        """The peer is registered and no connection attempt to it is in flight: one may
+        have registered it already and still be warming it (``_warm``), and a transfer
+        started then would take UCX's handshake itself."""
+        return self.transport.has_peer(worker_id) and not self._connects.busy(worker_id)
 
     async def _connect(self, worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
         if self.transport.has_peer(worker_id):

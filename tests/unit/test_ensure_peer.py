@@ -36,6 +36,7 @@ def core_whose_connections_drop(drops: int) -> SimpleNamespace:
     any waiter resumes (as another request's failed write drops the peer)."""
     peers = Peers()
     core = SimpleNamespace(transport=peers, _connects=SingleFlight(), connects=0)
+    core.connected = lambda worker_id: WorkerCore.connected(core, worker_id)  # type: ignore[arg-type]
 
     async def connect(worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
         await asyncio.sleep(0.01)  # the Info call
@@ -74,6 +75,7 @@ def test_a_caller_waits_for_a_connection_still_warming_its_registered_peer() -> 
     peers = Peers()
     warmed = asyncio.Event()
     core = SimpleNamespace(transport=peers, _connects=SingleFlight())
+    core.connected = lambda worker_id: WorkerCore.connected(core, worker_id)  # type: ignore[arg-type]
 
     async def connect(worker_id: str, address: str, timeout: float, kvstore: bool) -> None:
         peers.names.add(worker_id)

@@ -83,21 +83,15 @@ def _decisions(metrics_address: str) -> dict[str, int]:
     """The router's routing decisions by reason (``pdmesh_routing_decisions``), e.g.
     ``{"cache_aware/balance": 12}``: why each request went where it went; and its index
     lookups by what answered them (``pdmesh_index_lookups``), e.g. ``{"index/mirror": 480}``."""
-    import urllib.request
+    from pdmesh.telemetry.scrape import scrape
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
     out: dict[str, int] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if not s.name.endswith("_total"):
-                continue
-            if fam.name == "pdmesh_routing_decisions":
-                out[f"{s.labels['policy']}/{s.labels['reason']}"] = int(s.value)
-            elif fam.name == "pdmesh_index_lookups":
-                out[f"index/{s.labels['source']}"] = int(s.value)
+    for (name, labels), value in scrape(metrics_address, timeout=10).items():
+        label = dict(labels)
+        if name == "pdmesh_routing_decisions_total":
+            out[f"{label['policy']}/{label['reason']}"] = int(value)
+        elif name == "pdmesh_index_lookups_total":
+            out[f"index/{label['source']}"] = int(value)
     return out
 
 

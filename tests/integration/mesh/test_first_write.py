@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.telemetry.scrape import scrape, total
 from tests.integration.mesh.conftest import WORKER_ARGS, wait_idle
-from tests.integration.mesh.test_metrics import scrape, total
 
 
 def test_the_first_write_to_a_new_decode_worker_lands_inline(llama_dir: Path, tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import redis
 from pdmesh.client import Client
 from pdmesh.index import keys
 from pdmesh.launcher import Mesh
+from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import admin_pb2
 from tests.conftest import HFReference, mixed_prompts
 from tests.integration.mesh.conftest import admin, infos, wait_idle
-from tests.integration.mesh.test_metrics import scrape, total
 
 MAX_NEW = 16
 

@@ -4,27 +4,11 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
+from pdmesh.telemetry.scrape import scrape, total
 from tests.integration.mesh.conftest import wait_idle
-
-
-def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def total(samples, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
-    return sum(v for (n, ls), v in samples.items()
-               if n == name and all(dict(ls).get(k) == val for k, val in labels.items()))
 
 
 def test_metrics_agree_with_the_run(mesh: Mesh, client: Client) -> None:

@@ -19,9 +19,9 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub
 from pdmesh.rpc.feed_sink import FedCall, Feeds
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import worker_pb2
 from tests.integration.mesh.conftest import wait_idle
-from tests.integration.mesh.test_metrics import scrape, total
 
 
 def _prompt(seed: int, n: int = 40) -> list[int]:

@@ -10,9 +10,9 @@ after the first token) cancelled the work while that token's write was in flight
 router waited its 5 s for the worker to stop and left the reservation to its lease.
 
 So each write runs in its own task, after the one before it, and whoever ends the call
-waits for the last one first (``settled``). That wait is bounded by the call itself: a
-write ends when the client reads, or fails when the call is cancelled or its deadline
-passes.
+waits for the last one first (``settled``). A write ends when the client reads, or fails
+when the call is cancelled or its deadline passes; ``settled`` waits no longer than the
+call's deadline, or ``NO_DEADLINE_WAIT_S`` for a call without one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ import contextlib
 from typing import Any
 
 import grpc
+
+from pdmesh.rpc.process import remaining
+
+NO_DEADLINE_WAIT_S = 30.0
+"""How long ``settled`` waits on a call whose client set no deadline."""
 
 
 class CallWrites:
@@ -44,10 +49,13 @@ class CallWrites:
 
     async def settled(self) -> None:
         """Wait until no write is in flight on the call, whatever became of them (a failed
-        one was raised to its writer already, or the call is ending anyway)."""
+        one was raised to its writer already, or the call is ending anyway). Past the
+        call's deadline it returns anyway: ending the call may then fail, which the
+        client, gone or out of time, no longer waits for."""
         if self._last is not None:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._last)
+                async with asyncio.timeout(remaining(self._context, NO_DEADLINE_WAIT_S)):
+                    await asyncio.shield(self._last)
 
 
 def _seen(write: asyncio.Future[None]) -> None:

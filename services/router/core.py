@@ -61,6 +61,10 @@ class RouterCore:
         self.prefill_retries = 0
         self.migrations = 0
         """Requests moved to another decode worker mid-stream."""
+        self.late_give_backs: Counter[str] = Counter()
+        """Reservations not given back as soon as their request gave them up, by why
+        (``handoff.give_back_when_stopped``): the prefill call was cut off (back after half
+        a lease), or its worker did not stop in time (left to the lease)."""
         self.flows: dict[str, Completions] = {}
         """request id -> its live completions (what ``Abort`` reaches)."""
         self.admission = AdmissionGate(cfg.max_in_flight, cfg.max_queued)

@@ -42,6 +42,10 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
         ("counter", "pdmesh_requests_refused", "Requests refused at capacity (RESOURCE_EXHAUSTED)",
          core.admission.refused, {}),
     ]
+    for why in ("cut_off", "not_stopped"):
+        out.append(("counter", "pdmesh_reservations_given_back_late", "Reservations given back after half a "
+                    "lease (the prefill call was cut off) or left to their lease (its worker did not stop in "
+                    "time), not as soon as their request gave them up", core.late_give_backs[why], {"why": why}))
     if isinstance(core.index, MirroredIndex):
         for source, n in list(core.index.lookups.items()):
             out.append(("counter", "pdmesh_index_lookups", "Index lookups by what answered: the router's mirror "

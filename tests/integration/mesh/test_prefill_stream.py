@@ -19,6 +19,7 @@ from pdmesh.launcher import Mesh
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.router.prefill_call import PrefillCall
 from tests.integration.mesh.conftest import wait_idle
@@ -125,15 +126,17 @@ def test_a_stop_while_the_first_token_is_still_being_sent_ends_the_call_cancelle
         decode = decode_stub(mesh.decode[0].address)
         handle = await decode.Reserve(messages.reserve_request(rid, prompt, params, 10_000), timeout=30)
         options = [("grpc.http2.lookahead_bytes", 1), ("grpc.http2.bdp_probe", 0)]
-        async with grpc.aio.insecure_channel(mesh.prefill[0].address, options=options) as channel:
+        worker = mesh.prefill[0]
+        first_tokens = _first_tokens(worker.metrics_address)
+        async with grpc.aio.insecure_channel(worker.address, options=options) as channel:
             try:
                 call = worker_pb2_grpc.PrefillStub(channel).PrefillStream(timeout=30)
                 await call.write(messages.prefill_request(rid, prompt, params, None))
                 await call.write(messages.destination_message(rid, handle))
-                # The prompt is computed (its KV held for the write) once the worker lists
-                # a hand-off; the first token's write follows at once and stalls.
+                # The worker times its first token right before it writes it (nothing is
+                # awaited between): from then on the write is in flight, stalled.
                 async with asyncio.timeout(20):
-                    while not (await _held(mesh.prefill[0].address)):
+                    while _first_tokens(worker.metrics_address) == first_tokens:
                         await asyncio.sleep(0.02)
                 await asyncio.sleep(0.3)
                 await call.write(messages.stop_message(rid))
@@ -154,10 +157,9 @@ def test_a_stop_while_the_first_token_is_still_being_sent_ends_the_call_cancelle
     wait_idle(mesh, timeout=8)
 
 
-async def _held(address: str) -> bool:
-    async with grpc.aio.insecure_channel(address) as channel:
-        info = await worker_pb2_grpc.WorkerStub(channel).Info(worker_pb2.InfoRequest(), timeout=5)
-    return info.num_handoffs > 0
+def _first_tokens(metrics_address: str) -> float:
+    """First tokens the worker has timed (its time-to-first-token histogram's count)."""
+    return total(scrape(metrics_address), "pdmesh_time_to_first_token_seconds_count")
 
 
 def test_a_call_whose_whole_answer_came_is_not_stopped_nor_taken_as_cut_off(mesh: Mesh) -> None:

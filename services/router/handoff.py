@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,13 +54,19 @@ def stop_wait_s(flow: RequestFlow) -> float:
     return flow.core.cfg.lease_ms / 2000
 
 
-async def give_back_when_stopped(call: PrefillCall, d_stub: Any, rid: str, wait_s: float, late: Counter[str],
+LATE_WHY = ("cut_off", "not_stopped")
+"""Why a reservation went back late (``RouterCore.late_give_backs``)."""
+
+
+async def give_back_when_stopped(flow: RequestFlow, call: PrefillCall, d_stub: Any, rid: str,
                                  prefill_response: Any = None) -> None:
     """Give the reservation back once ``call`` can write into it no more; a worker that did
-    not stop in time leaves it to its lease (shielded: the caller may have been cancelled).
-    A call cut off (``PrefillCall.cut_off``) gets the time a worker has to stop before its
-    reservation goes, without holding up the caller (a retry on another worker). Either
-    is counted in ``late`` (``RouterCore.late_give_backs``): blocks held for nothing."""
+    not stop in time (``stop_wait_s``) leaves it to its lease (shielded: the caller may have
+    been cancelled). A call cut off (``PrefillCall.cut_off``) gets the time a worker has to
+    stop before its reservation goes, without holding up the caller (a retry on another
+    worker). Either is counted (``RouterCore.late_give_backs``): blocks held for nothing."""
+    wait_s, late = stop_wait_s(flow), flow.core.late_give_backs
+
     async def run() -> None:
         if not await call.stopped(wait_s):
             late["not_stopped"] += 1
@@ -177,8 +182,7 @@ class Handoff:
         self.renewing.cancel()
         if not self.returned:
             self.returned = True
-            await give_back_when_stopped(self.call, self.d_stub, self.rid, stop_wait_s(self.flow),
-                                         self.flow.core.late_give_backs, self.response)
+            await give_back_when_stopped(self.flow, self.call, self.d_stub, self.rid, self.response)
 
     def close(self) -> None:
         """Stop renewing and end the call: for after ``landed`` or ``give_back`` (whose stop,
@@ -211,7 +215,7 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
         failover.replace_decode(flow, exc, "reserve")  # failed, or full: the next decode worker
         return None
     except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end
-        await give_back_when_stopped(call, d_stub, rid, stop_wait_s(flow), flow.core.late_give_backs)
+        await give_back_when_stopped(flow, call, d_stub, rid)
         raise
     renewing = asyncio.create_task(reservation.keep_alive(d_stub, rid, flow.core.cfg.lease_ms))
     handoff = Handoff(flow, prefill, d_stub, rid, call, handle, renewing)

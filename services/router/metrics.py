@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pdmesh.index.mirrored_index import MirroredIndex
+from services.router.handoff import LATE_WHY
 
 if TYPE_CHECKING:
     from services.router.core import RouterCore
@@ -42,7 +43,7 @@ def router_snapshot(core: RouterCore) -> list[Sample]:
         ("counter", "pdmesh_requests_refused", "Requests refused at capacity (RESOURCE_EXHAUSTED)",
          core.admission.refused, {}),
     ]
-    for why in ("cut_off", "not_stopped"):
+    for why in LATE_WHY:
         out.append(("counter", "pdmesh_reservations_given_back_late", "Reservations given back after half a "
                     "lease (the prefill call was cut off) or left to their lease (its worker did not stop in "
                     "time), not as soon as their request gave them up", core.late_give_backs[why], {"why": why}))

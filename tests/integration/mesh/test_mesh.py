@@ -15,6 +15,7 @@ from pdmesh.index import keys
 from pdmesh.launcher import Mesh
 from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import admin_pb2
+from services.router.handoff import LATE_WHY
 from tests.conftest import HFReference, mixed_prompts
 from tests.integration.mesh.conftest import admin, infos, wait_idle
 
@@ -82,7 +83,7 @@ def _late(mesh: Mesh) -> dict[str, float]:
     assert mesh.router is not None
     router = scrape(mesh.router.metrics_address)
     late = {why: total(router, "pdmesh_reservations_given_back_late_total", why=why)
-            for why in ("cut_off", "not_stopped")}
+            for why in LATE_WHY}
     late["expired"] = sum(total(scrape(d.metrics_address), "pdmesh_expired_leases_total") for d in mesh.decode)
     return late
 

@@ -159,7 +159,7 @@ class RouterCore:
     async def route_prefill(self, ids: list[int], hashes: list[BlockHash], exclude: set[str],
                             ctx: Any = None) -> tuple[Decision | None, IndexSeen]:
         """The prefill worker (None: no candidate) and what the index said of the prompt."""
-        candidates = self.workers.healthy("prefill")
+        candidates = [w for w in self.workers.healthy("prefill") if w.holds(len(ids) + 1)]
         if exclude:  # a retry after a failure: rare, and a pass over the workers
             candidates = [w for w in candidates if w.worker_id not in exclude]
         if not candidates:
@@ -184,14 +184,17 @@ class RouterCore:
             return "no healthy prefill worker (disaggregation=strict)"
         return ""
 
-    def route_decode(self, hashes: list[BlockHash],
-                     exclude: set[str] | frozenset[str] = frozenset()) -> tuple[WorkerHandle, int]:
+    def route_decode(self, hashes: list[BlockHash], exclude: set[str] | frozenset[str] = frozenset(),
+                     tokens: int = 0) -> tuple[WorkerHandle, int]:
         """By policy, over what each decode worker was recently sent of this prompt (a
         decode worker keeps prompts' blocks as prefix cache; the router remembers where
-        it sent them): the worker, and the prompt tokens it was sent before this request."""
+        it sent them): the worker, and the prompt tokens it was sent before this request.
+        Only workers whose pool holds ``tokens`` (prompt + max_tokens) are candidates while
+        any does; when none does, one of them says so precisely (INVALID_ARGUMENT)."""
         candidates = [w for w in self.workers.healthy("decode") if w.worker_id not in exclude]
         if not candidates:
             raise UnavailableError("no healthy decode worker; retry later")
+        candidates = [w for w in candidates if w.holds(tokens)] or candidates
         held = self.decode_recent.depths(hashes)
         choice = self.decode_policy.choose(
             candidates, RouteContext(hashes, hashes[0] if hashes else b"", held, self.cfg.block_size))
@@ -219,9 +222,12 @@ class RouterCore:
         ``decode``: that worker, whose queued prompt tokens the busy rule weighs."""
         cfg = self.cfg
         if choice is None:
+            too_long = self.too_long_for_prefill(len(ids))
             if cfg.disaggregation == "strict":
+                if too_long:
+                    raise InvalidRequestError("prompt", f"{too_long} (disaggregation=strict); shorten the prompt")
                 raise UnavailableError("no healthy prefill worker (disaggregation=strict); retry later")
-            return "no_prefill"
+            return "too_long_for_prefill" if too_long else "no_prefill"
         # Short by what the decode worker would compute: a prompt whose long prefix only
         # the prefill worker holds computes a few tokens there and sends its KV, where
         # "local" meant the decode worker computing the whole prefix again.
@@ -249,6 +255,16 @@ class RouterCore:
             if here >= there:
                 return ""
         return "prefill_busy"
+
+    def too_long_for_prefill(self, prompt_tokens: int) -> str:
+        """Why no healthy prefill worker can hold a prompt of ``prompt_tokens`` ("" when one
+        can, or none is healthy). Such a prompt prefills on its decode worker, whose pool
+        may be larger, instead of failing with "shorten the prompt" at a prefill worker."""
+        healthy = self.workers.healthy("prefill")
+        if not healthy or any(w.holds(prompt_tokens + 1) for w in healthy):
+            return ""
+        largest = max(w.info.num_blocks * w.info.block_size for w in healthy if w.info is not None)
+        return f"{prompt_tokens} tokens do not fit any prefill worker's KV pool (the largest holds {largest})"
 
     def _prefill_load(self, w: WorkerHandle) -> float:
         """How far the prefill worker is along the busy rules (>= 1: busy)."""

@@ -28,7 +28,7 @@ def replace_decode(flow: RequestFlow, exc: grpc.aio.AioRpcError, stage: str) -> 
     core.workers.call_failed(failed, code)
     flow.failed_decode.add(failed.worker_id)
     try:
-        replacement, held = core.route_decode(flow.hashes, exclude=flow.failed_decode)
+        replacement, held = core.route_decode(flow.hashes, exclude=flow.failed_decode, tokens=flow.kv_tokens)
     except UnavailableError:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             raise exc from None  # every decode worker is full: "not now", with its retry hint

@@ -98,6 +98,11 @@ class RequestFlow:
         ``request_id``."""
         return self.request_id if not self.attempt else f"{self.request_id}~{self.attempt}"
 
+    @property
+    def kv_tokens(self) -> int:
+        """The tokens its decode worker's pool must hold: the prompt and every token asked for."""
+        return len(self.prompt) + self.params.max_tokens
+
     def decode_worker(self) -> WorkerHandle:
         if self.decode is None:
             raise RuntimeError(f"{self.request_id}: a stage ran before run() chose the decode worker")
@@ -123,7 +128,7 @@ class RequestFlow:
     # -- the lifecycle ----------------------------------------------------------------
     async def run(self) -> AsyncIterator[Any]:
         self.hashes = self.core.prompt_hashes(self.prompt, self.params)
-        self.decode, self.decode_held = self.core.route_decode(self.hashes)
+        self.decode, self.decode_held = self.core.route_decode(self.hashes, tokens=self.kv_tokens)
         self.decode.acquire()
         try:
             for attempt in range(PREFILL_ATTEMPTS):

@@ -88,6 +88,16 @@ class WorkerHandle:
             return "serving"
         return "joining" if self.info is None and not self.failures else "down"
 
+    def holds(self, tokens: int) -> bool:
+        """Its KV pool can hold a sequence of ``tokens`` tokens at all (the engine's own
+        admission check, ``Admission.check_fits``): pools are sized per worker, and a
+        prefill worker's is often smaller than a decode worker's. True until its ``Info``
+        came (an unknown pool: its own check answers)."""
+        info = self.info
+        if info is None or not info.num_blocks or not info.block_size:
+            return True
+        return -(-tokens // info.block_size) <= info.num_blocks
+
     @property
     def queued_tokens(self) -> int:
         """Prompt tokens waiting to be computed here: what this router sent and has not seen

@@ -131,3 +131,26 @@ def test_fallback_local_prefills_on_decode_and_counts_it(llama_dir: Path, tmp_pa
         assert decode.computed_prompt_tokens == out.prompt_tokens - out.cached_tokens > 0
 
 
+
+
+def test_a_prompt_no_prefill_pool_holds_prefills_on_its_decode_worker(
+    llama_dir: Path, tmp_path: Path, hf_refs
+) -> None:  # type: ignore[no-untyped-def]
+    """A prefill worker sized smaller than the decode worker (8 blocks of 16 tokens against
+    256) once answered a 200-token prompt INVALID_ARGUMENT, "shorten the prompt", although
+    the mesh could serve it; it now prefills on the decode worker, counted by reason."""
+    spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1,
+                    worker_args=["--dtype", "float32", "--block-size", "16"],
+                    prefill_args=["--num-blocks", "8"], decode_args=["--num-blocks", "256"],
+                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
+    long_prompt = [10 + (7 * i) % 900 for i in range(200)]
+    short_prompt = mixed_prompts(1, seed=5)[0]
+    with Mesh(spec) as mesh, Client(mesh.router_address) as c:
+        assert c.complete(long_prompt, max_tokens=4, temperature=0).token_ids == hf_refs["llama"].greedy(long_prompt, 4)
+        assert c.complete(short_prompt, max_tokens=3, temperature=0).token_ids == hf_refs["llama"].greedy(short_prompt, 3)
+        stats = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest())
+        assert stats.decisions["local/too_long_for_prefill"] == 1
+        assert stats.local_prefills == 1  # the short prompt went to the prefill worker
+        state = wait_idle(mesh)
+        assert state["prefill-0"].computed_prompt_tokens == len(short_prompt)
+        assert state["decode-0"].computed_prompt_tokens == len(long_prompt)

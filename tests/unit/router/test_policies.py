@@ -232,3 +232,51 @@ def test_pack_fills_one_decode_workers_batch_before_the_next() -> None:
             policy.choose(ws, held).cached_tokens) == ("p1", "holder", 12)
     ws[1].in_flight = 2
     assert policy.choose(ws, held).worker.worker_id == "p0"
+
+
+def test_a_prompt_no_prefill_pool_holds_goes_where_it_fits(llama_dir) -> None:  # type: ignore[no-untyped-def]
+    """Pools are sized per worker (a prefill worker's is often the smaller): a prompt that
+    fits no prefill worker prefills on a decode worker that holds it, instead of failing
+    with "shorten the prompt"; among decode workers, one whose pool holds it is chosen."""
+    import asyncio
+    from dataclasses import replace
+
+    import pytest
+
+    from pdmesh.errors import InvalidRequestError
+    from services.router.config import RouterConfig
+    from services.router.core import RouterCore
+    from services.router.registry import Registry
+
+    cfg = RouterConfig(model=str(llama_dir))
+    core = RouterCore(cfg, Registry(cfg))
+    small, large = workers(2)
+    small.info = replace(small.info, num_blocks=8, block_size=16)  # 128 tokens
+    large.info = replace(large.info, num_blocks=16, block_size=16)  # 256
+    core.workers.workers = [small, large]
+    fits_one = list(range(10, 10 + 200))
+    assert small.holds(128) and not small.holds(129) and large.holds(201)
+
+    choice, _ = asyncio.run(core.route_prefill(fits_one, core.prompt_hashes(fits_one, SamplingParams()), set()))
+    assert choice is not None and choice.worker is large  # the only candidate that holds it
+    assert core.local_reason(choice, fits_one) == ""
+
+    fits_none = list(range(10, 10 + 300))
+    hashes = core.prompt_hashes(fits_none, SamplingParams())
+    choice, _ = asyncio.run(core.route_prefill(fits_none, hashes, set()))
+    assert choice is None
+    assert core.local_reason(None, fits_none) == "too_long_for_prefill"
+    assert core.local_reason(None, fits_one) == "no_prefill"  # excluded after failures: not too long
+    strict = RouterCore(replace(cfg, disaggregation="strict"), core.workers)
+    with pytest.raises(InvalidRequestError, match="300 tokens do not fit any prefill worker's KV pool"):
+        strict.local_reason(None, fits_none)
+
+    d_small, d_large = workers(2)
+    for w, blocks in ((d_small, 16), (d_large, 64)):
+        w.role, w.info = "decode", replace(w.info, worker_id=f"d{blocks}", num_blocks=blocks, block_size=16)
+    d_large.in_flight = 5  # the busier one, chosen only because it alone holds the request
+    core.workers.workers = [small, large, d_small, d_large]
+    assert core.route_decode(hashes, tokens=300 + 16)[0] is d_large
+    assert core.route_decode(hashes, tokens=100)[0] is d_small
+    # None holds it: any is chosen, and its own admission answers INVALID_ARGUMENT.
+    assert core.route_decode(hashes, tokens=64 * 16 + 1)[0] in (d_small, d_large)

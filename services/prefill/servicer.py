@@ -25,6 +25,7 @@ time to first token; docs/performance.md §38), then the whole answer after 4.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import grpc
 from pdmesh.errors import InvalidRequestError
 from pdmesh.mesh_types import KvDestination
 from pdmesh.request import RequestOutput
-from pdmesh.rpc.call_writes import CallWrites
+from pdmesh.rpc.call_writes import NO_DEADLINE_WAIT_S, CallWrites
 from pdmesh.rpc.convert import (
     destination_from_proto,
     logprob_to_proto,
@@ -75,6 +76,21 @@ class PrefillJob:
     holder beyond the prefill workers; None when the router did not read the index."""
     early: Callable[[worker_pb2.PrefillResponse], Awaitable[None]] | None = None
     """Sends the first token before the KV write (``PrefillStream``); None: one answer."""
+
+
+async def _heard_out(destination: asyncio.Future[KvDestination], context: grpc.aio.ServicerContext) -> None:
+    """Before a failed ``PrefillStream`` ends, wait for the router's second message (or
+    its end), which it sends as soon as its decode worker has reserved. A status sent
+    first makes that write fail on the closed stream, and grpcio's asyncio client then
+    reports the call INTERNAL, "Internal error from Core", over the status (grpc/grpc#36066):
+    the router took a request it should refuse (INVALID_ARGUMENT) for a broken worker and
+    tried it elsewhere (9 of 2,240 calls in seven runs of scripts/refused_status_probe.py).
+    Bounded by the call's deadline (``NO_DEADLINE_WAIT_S`` without one); the prompt's
+    blocks are already freed."""
+    if not destination.done():
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(remaining(context, NO_DEADLINE_WAIT_S)):
+                await asyncio.shield(destination)
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -148,6 +164,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             await context.abort(*given_up)
         except Exception:
             await writes.settled()  # the status that follows must not meet a write in flight
+            await _heard_out(destination, context)
             raise
         finally:
             reader.cancel()

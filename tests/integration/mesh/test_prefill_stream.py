@@ -47,6 +47,31 @@ def test_a_stream_without_its_destination_is_refused(mesh: Mesh, second: str) ->
     wait_idle(mesh)
 
 
+def test_a_request_it_refuses_waits_for_its_destination_so_the_status_stays_precise(mesh: Mesh) -> None:
+    """A request the prefill worker refuses at once (here a token outside the vocabulary)
+    is answered once the router's destination came, not before: a status sent first made
+    that write fail, and grpcio's asyncio client then reported INTERNAL over it
+    (grpc/grpc#36066; 9 of 2,240 calls in scripts/refused_status_probe.py), which the router takes for a broken
+    worker. On the earlier servicer the destination's write was refused here every time."""
+
+    async def run() -> tuple[bool, grpc.aio.AioRpcError]:
+        call = prefill_stub(mesh.prefill[0].address).PrefillStream(timeout=30)
+        await call.write(messages.prefill_request("refused", [5, 9000, 7], SamplingParams(max_tokens=2), None))
+        await asyncio.sleep(0.5)  # far longer than the refusal takes
+        answered_early = call.done()  # the destination's write would be refused
+        if not answered_early:
+            await call.write(messages.destination_message("refused", worker_pb2.KvHandle(worker_id="decode-0")))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        return answered_early, err.value
+
+    answered_early, err = asyncio.run(run())
+    assert not answered_early, f"answered before its destination came: {err.code()} {err.details()}"
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert "9000" in (err.details() or "")
+    wait_idle(mesh)
+
+
 @contextlib.asynccontextmanager
 async def _into_reservation(mesh: Mesh, rid: str, prompt: list[int], params: SamplingParams
                             ) -> AsyncIterator[tuple[Any, worker_pb2.KvHandle]]:

@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_ID_CHARS = 256
 
 
+def _prefill_holds(w: WorkerHandle, prompt_tokens: int) -> bool:
+    """A prefill worker computes the prompt and samples its first token: that sequence."""
+    return w.holds(prompt_tokens + 1)
+
+
 class RouterCore:
     def __init__(self, cfg: RouterConfig, workers: Registry, index: Any = None) -> None:
         self.cfg = cfg
@@ -159,7 +164,7 @@ class RouterCore:
     async def route_prefill(self, ids: list[int], hashes: list[BlockHash], exclude: set[str],
                             ctx: Any = None) -> tuple[Decision | None, IndexSeen]:
         """The prefill worker (None: no candidate) and what the index said of the prompt."""
-        candidates = [w for w in self.workers.healthy("prefill") if w.holds(len(ids) + 1)]
+        candidates = [w for w in self.workers.healthy("prefill") if _prefill_holds(w, len(ids))]
         if exclude:  # a retry after a failure: rare, and a pass over the workers
             candidates = [w for w in candidates if w.worker_id not in exclude]
         if not candidates:
@@ -261,7 +266,7 @@ class RouterCore:
         can, or none is healthy). Such a prompt prefills on its decode worker, whose pool
         may be larger, instead of failing with "shorten the prompt" at a prefill worker."""
         healthy = self.workers.healthy("prefill")
-        if not healthy or any(w.holds(prompt_tokens + 1) for w in healthy):
+        if not healthy or any(_prefill_holds(w, prompt_tokens) for w in healthy):
             return ""
         largest = max(w.info.num_blocks * w.info.block_size for w in healthy if w.info is not None)
         return f"{prompt_tokens} tokens do not fit any prefill worker's KV pool (the largest holds {largest})"

@@ -61,6 +61,8 @@ class WorkerInfo:
     trust the router's index lookup instead of asking the kvstore)."""
     max_num_seqs: int = 0
     """The most sequences one engine step runs (0: not said, an older worker)."""
+    max_model_len: int = 0
+    """The longest sequence its engine admits (0: not said, an older worker)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -263,13 +263,14 @@ class RouterCore:
 
     def too_long_for_prefill(self, prompt_tokens: int) -> str:
         """Why no healthy prefill worker can hold a prompt of ``prompt_tokens`` ("" when one
-        can, or none is healthy). Such a prompt prefills on its decode worker, whose pool
-        may be larger, instead of failing with "shorten the prompt" at a prefill worker."""
+        can, or none is healthy). Such a prompt prefills on its decode worker, whose pool or
+        context may be larger, instead of failing with "shorten the prompt" at a prefill worker."""
         healthy = self.workers.healthy("prefill")
         if not healthy or any(_prefill_holds(w, prompt_tokens) for w in healthy):
             return ""
-        largest = max(w.info.num_blocks * w.info.block_size for w in healthy if w.info is not None)
-        return f"{prompt_tokens} tokens do not fit any prefill worker's KV pool (the largest holds {largest})"
+        longest = max(w.capacity for w in healthy) - 1  # the first token takes the last place
+        return (f"{prompt_tokens} tokens do not fit any prefill worker (the longest prompt one "
+                f"admits, by its context and KV pool, has {longest})")
 
     def _prefill_load(self, w: WorkerHandle) -> float:
         """How far the prefill worker is along the busy rules (>= 1: busy)."""

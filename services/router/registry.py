@@ -88,15 +88,22 @@ class WorkerHandle:
             return "serving"
         return "joining" if self.info is None and not self.failures else "down"
 
-    def holds(self, tokens: int) -> bool:
-        """Its KV pool can hold a sequence of ``tokens`` tokens at all (the engine's own
-        admission check, ``Admission.check_fits``): pools are sized per worker, and a
-        prefill worker's is often smaller than a decode worker's. True until its ``Info``
-        came (an unknown pool: its own check answers)."""
+    @property
+    def capacity(self) -> int:
+        """The longest sequence it admits at all, in tokens: its context (``max_model_len``)
+        and its KV pool (``num_blocks`` x ``block_size``), as the engine's own admission
+        checks them (``Admission.check_fits``); 0 while its ``Info`` says neither (none
+        yet, or an older worker's). Both are set per worker, and a prefill worker's pool
+        is often smaller than a decode worker's."""
         info = self.info
-        if info is None or not info.num_blocks or not info.block_size:
-            return True
-        return -(-tokens // info.block_size) <= info.num_blocks
+        if info is None:
+            return 0
+        return min((n for n in (info.max_model_len, info.num_blocks * info.block_size) if n), default=0)
+
+    def holds(self, tokens: int) -> bool:
+        """It admits a sequence of ``tokens`` tokens; what its ``Info`` does not say does
+        not rule it out (its own check answers)."""
+        return not self.capacity or tokens <= self.capacity
 
     @property
     def queued_tokens(self) -> int:

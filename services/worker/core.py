@@ -150,7 +150,7 @@ class WorkerCore:
             queued_prefill_tokens=eng.scheduler.pending_prompt_tokens,
             prefill_us_per_token=1e6 * eng.prefill_cost.s_per_token,
             kvstore_us_per_token=1e6 * self.kvstore_cost.s_per_token,
-            max_num_seqs=eng.scheduler.config.max_num_seqs,
+            max_num_seqs=eng.scheduler.config.max_num_seqs, max_model_len=eng.max_model_len,
         )
 
     # -- KV transfer ------------------------------------------------------------------

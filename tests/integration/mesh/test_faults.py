@@ -133,16 +133,17 @@ def test_fallback_local_prefills_on_decode_and_counts_it(llama_dir: Path, tmp_pa
 
 
 
-def test_a_prompt_no_prefill_pool_holds_prefills_on_its_decode_worker(
-    llama_dir: Path, tmp_path: Path, hf_refs
+@pytest.mark.parametrize("limit", [["--num-blocks", "8"], ["--max-model-len", "128"]], ids=["pool", "context"])
+def test_a_prompt_no_prefill_worker_holds_prefills_on_its_decode_worker(
+    llama_dir: Path, tmp_path: Path, hf_refs, limit: list[str]
 ) -> None:  # type: ignore[no-untyped-def]
-    """A prefill worker sized smaller than the decode worker (8 blocks of 16 tokens against
-    256) once answered a 200-token prompt INVALID_ARGUMENT, "shorten the prompt", although
-    the mesh could serve it; it now prefills on the decode worker, counted by reason."""
+    """A prefill worker sized smaller than the decode worker (a pool of 8 blocks of 16
+    tokens against 256, or a 128-token context) once answered a 200-token prompt
+    INVALID_ARGUMENT, "shorten the prompt", although the mesh could serve it; it now
+    prefills on the decode worker, counted by reason."""
     spec = MeshSpec(model=str(llama_dir), prefill=1, decode=1,
-                    worker_args=["--dtype", "float32", "--block-size", "16"],
-                    prefill_args=["--num-blocks", "8"], decode_args=["--num-blocks", "256"],
-                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
+                    worker_args=["--dtype", "float32", "--block-size", "16", "--num-blocks", "256"],
+                    prefill_args=limit, router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
     long_prompt = [10 + (7 * i) % 900 for i in range(200)]
     short_prompt = mixed_prompts(1, seed=5)[0]
     with Mesh(spec) as mesh, Client(mesh.router_address) as c:
@@ -152,5 +153,7 @@ def test_a_prompt_no_prefill_pool_holds_prefills_on_its_decode_worker(
         assert stats.decisions["local/too_long_for_prefill"] == 1
         assert stats.local_prefills == 1  # the short prompt went to the prefill worker
         state = wait_idle(mesh)
+        field = {"--num-blocks": "num_blocks", "--max-model-len": "max_model_len"}[limit[0]]
+        assert getattr(state["prefill-0"], field) == int(limit[1])  # what the router routed by
         assert state["prefill-0"].computed_prompt_tokens == len(short_prompt)
         assert state["decode-0"].computed_prompt_tokens == len(long_prompt)

@@ -268,8 +268,15 @@ def test_a_prompt_no_prefill_pool_holds_goes_where_it_fits(llama_dir) -> None:  
     assert core.local_reason(None, fits_none) == "too_long_for_prefill"
     assert core.local_reason(None, fits_one) == "no_prefill"  # excluded after failures: not too long
     strict = RouterCore(replace(cfg, disaggregation="strict"), core.workers)
-    with pytest.raises(InvalidRequestError, match="300 tokens do not fit any prefill worker's KV pool"):
+    with pytest.raises(InvalidRequestError, match=r"300 tokens do not fit any prefill worker \(.* has 255\)"):
         strict.local_reason(None, fits_none)
+
+    # A context set shorter than the model's (--max-model-len) rules a worker out the same way.
+    large.info = replace(large.info, max_model_len=150)
+    assert large.capacity == 150 and not large.holds(151)
+    assert asyncio.run(core.route_prefill(fits_one, core.prompt_hashes(fits_one, SamplingParams()), set()))[0] is None
+    assert core.local_reason(None, fits_one) == "too_long_for_prefill"
+    large.info = replace(large.info, max_model_len=0)  # an older worker: its pool alone says
 
     d_small, d_large = workers(2)
     for w, blocks in ((d_small, 16), (d_large, 64)):

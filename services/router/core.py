@@ -194,8 +194,9 @@ class RouterCore:
         """By policy, over what each decode worker was recently sent of this prompt (a
         decode worker keeps prompts' blocks as prefix cache; the router remembers where
         it sent them): the worker, and the prompt tokens it was sent before this request.
-        Only workers whose pool holds ``tokens`` (prompt + max_tokens) are candidates while
-        any does; when none does, one of them says so precisely (INVALID_ARGUMENT)."""
+        Only workers that admit ``tokens`` (prompt + max_tokens: ``WorkerHandle.holds``) are
+        candidates while any does; when none does, one of them says so precisely
+        (INVALID_ARGUMENT)."""
         candidates = [w for w in self.workers.healthy("decode") if w.worker_id not in exclude]
         if not candidates:
             raise UnavailableError("no healthy decode worker; retry later")

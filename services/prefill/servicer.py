@@ -25,7 +25,6 @@ time to first token; docs/performance.md §38), then the whole answer after 4.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,23 +32,21 @@ from typing import Any
 
 import grpc
 
-from pdmesh.errors import InvalidRequestError
 from pdmesh.mesh_types import KvDestination
 from pdmesh.request import RequestOutput
-from pdmesh.rpc.call_writes import NO_DEADLINE_WAIT_S, CallWrites
 from pdmesh.rpc.convert import (
     destination_from_proto,
     logprob_to_proto,
     sampling_from_proto,
 )
 from pdmesh.rpc.process import remaining
-from pdmesh.rpc.server import read_message
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
+from services.prefill.stream import serve_stream
 from services.worker.core import WorkerCore
 
 SERVICE = "pdmesh.v1.Prefill"
@@ -78,21 +75,6 @@ class PrefillJob:
     """Sends the first token before the KV write (``PrefillStream``); None: one answer."""
 
 
-async def _heard_out(destination: asyncio.Future[KvDestination], context: grpc.aio.ServicerContext) -> None:
-    """Before a failed ``PrefillStream`` ends, wait for the router's second message (or
-    its end), which it sends as soon as its decode worker has reserved. A status sent
-    first makes that write fail on the closed stream, and grpcio's asyncio client then
-    reports the call INTERNAL, "Internal error from Core", over the status (grpc/grpc#36066):
-    the router took a request it should refuse (INVALID_ARGUMENT) for a broken worker and
-    tried it elsewhere (9 of 2,240 calls in seven runs of scripts/refused_status_probe.py).
-    Bounded by the call's deadline (``NO_DEADLINE_WAIT_S`` without one); the prompt's
-    blocks are already freed."""
-    if not destination.done():
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(remaining(context, NO_DEADLINE_WAIT_S)):
-                await asyncio.shield(destination)
-
-
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def __init__(self, core: WorkerCore) -> None:
         self.core = core
@@ -109,70 +91,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     async def PrefillStream(  # noqa: N802 (gRPC method name)
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> None:
-        """The request, then its destination in a second message, read while it computes;
-        the first token is answered before the KV write, the whole answer after it. A third
-        message, ``stop``, gives the request up: computing stops, a write in flight lands,
-        no other starts, and the call ends CANCELLED only then, so that the router may
-        free the reservation. Any other third message gives it up the same way, and the
-        call ends INVALID_ARGUMENT."""
-        request = await read_message(context)
-        if request is grpc.aio.EOF:
-            raise InvalidRequestError("PrefillStream", "the stream ended before the request")
-        destination: asyncio.Future[KvDestination] = asyncio.get_running_loop().create_future()
-        # The first token's write may still be in flight when a stop cancels the work: the
-        # call ends only once it is done (call_writes.py).
-        writes = CallWrites(context)
-        work = asyncio.ensure_future(self._prefill(request, context, destination, early=writes.write))
-        given_up: tuple[grpc.StatusCode, str] | None = None
-        """How the call ends once its work has stopped, when the router gave the request up:
-        CANCELLED for a stop, INVALID_ARGUMENT for a third message that was not one."""
-
-        async def read_rest() -> None:
-            nonlocal given_up
-            try:
-                msg = await read_message(context)
-            except Exception as exc:  # noqa: BLE001 - the prefill fails with it
-                destination.set_exception(exc)
-                return
-            if msg is grpc.aio.EOF or not msg.HasField("destination"):
-                destination.set_exception(InvalidRequestError(
-                    "destination", "PrefillStream's second message must carry the destination"))
-                return
-            destination.set_result(destination_from_proto(msg.destination))
-            try:
-                msg = await read_message(context)
-            except Exception:  # noqa: BLE001 - the call is ending: its own cancel stops the work
-                return
-            if msg is grpc.aio.EOF:  # a router that never stops (older)
-                return
-            if msg.stop:
-                given_up = (grpc.StatusCode.CANCELLED,
-                            f"{request.request_id}: stopped by its router; no KV write of it is in flight")
-            else:
-                given_up = (grpc.StatusCode.INVALID_ARGUMENT,
-                            "PrefillStream: the third message may only ask to stop (stop: true)")
-            work.cancel()
-
-        reader = asyncio.create_task(read_rest())
-        try:
-            answer = await work
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if given_up is None or (current is not None and current.cancelling()):
-                raise  # the call itself was cancelled
-            await writes.settled()
-            await context.abort(*given_up)
-        except Exception:
-            await writes.settled()  # the status that follows must not meet a write in flight
-            await _heard_out(destination, context)
-            raise
-        finally:
-            reader.cancel()
-            if not destination.done():
-                destination.cancel()
-            elif not destination.cancelled():
-                destination.exception()  # seen (the prefill already failed with it or without)
-        await writes.write(answer)
+        """The router's hand-off: its protocol is ``services/prefill/stream.py``."""
+        await serve_stream(context, self._prefill)
 
     async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,
                        destination: asyncio.Future[KvDestination],

@@ -151,7 +151,7 @@ class PrefillCall:
         way fails to be written on the stream the worker closed, and grpcio then reports
         the call INTERNAL, "Internal error from Core", over the worker's OK
         (grpc/grpc#36066). Before, that gave the reservation back 5 s late, 5 times in six
-        runs of the 100 requests of tests/integration/mesh/test_mesh.py's cancellations."""
+        runs of the 100 requests of tests/integration/mesh/test_cancellations.py."""
         if not self.destined or self._abandoned or self._answered or not self.call.done():
             return False
         code = await self.call.code()

@@ -53,9 +53,17 @@ class CallWrites:
         call's deadline it returns anyway: ending the call may then fail, which the
         client, gone or out of time, no longer waits for."""
         if self._last is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(remaining(self._context, NO_DEADLINE_WAIT_S)):
-                    await asyncio.shield(self._last)
+            await within_call(self._context, self._last)
+
+
+async def within_call(context: grpc.aio.ServicerContext, done: asyncio.Future[Any]) -> None:
+    """Wait for ``done`` however it ends, no longer than the call's deadline
+    (``NO_DEADLINE_WAIT_S`` for a call without one), and without cancelling it: what a
+    handler awaits before it ends its call, so that the end does not cross it."""
+    if not done.done():
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(remaining(context, NO_DEADLINE_WAIT_S)):
+                await asyncio.shield(done)
 
 
 def _seen(write: asyncio.Future[None]) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +45,7 @@ from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
-from services.prefill.stream import serve_stream
+from services.prefill.stream import Early, serve_stream
 from services.worker.core import WorkerCore
 
 SERVICE = "pdmesh.v1.Prefill"
@@ -71,7 +70,7 @@ class PrefillJob:
     listed: dict[str, int] | None = None
     """The router's index view (``PrefillRequest.index_view``): leading prompt blocks per
     holder beyond the prefill workers; None when the router did not read the index."""
-    early: Callable[[worker_pb2.PrefillResponse], Awaitable[None]] | None = None
+    early: Early | None = None
     """Sends the first token before the KV write (``PrefillStream``); None: one answer."""
 
 
@@ -96,7 +95,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
     async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,
                        destination: asyncio.Future[KvDestination],
-                       early: Callable[[worker_pb2.PrefillResponse], Awaitable[None]] | None = None,
+                       early: Early | None = None,
                        ) -> worker_pb2.PrefillResponse:
         core = self.core
         user = sampling_from_proto(request.sampling)

@@ -14,16 +14,14 @@ A request refused before its destination came is answered only once the destinat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 import grpc
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.mesh_types import KvDestination
-from pdmesh.rpc.call_writes import NO_DEADLINE_WAIT_S, CallWrites
+from pdmesh.rpc.call_writes import CallWrites, within_call
 from pdmesh.rpc.convert import destination_from_proto
-from pdmesh.rpc.process import remaining
 from pdmesh.rpc.server import read_message
 from pdmesh.v1 import worker_pb2
 
@@ -105,9 +103,5 @@ async def _heard_out(destination: asyncio.Future[KvDestination], context: grpc.a
     reports the call INTERNAL, "Internal error from Core", over the status (grpc/grpc#36066):
     the router took a request it should refuse (INVALID_ARGUMENT) for a broken worker and
     tried it elsewhere (9 of 2,240 calls in seven runs of scripts/refused_status_probe.py).
-    Bounded by the call's deadline (``NO_DEADLINE_WAIT_S`` without one); the prompt's
-    blocks are already freed."""
-    if not destination.done():
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(remaining(context, NO_DEADLINE_WAIT_S)):
-                await asyncio.shield(destination)
+    Bounded by the call's deadline (``within_call``); the prompt's blocks are already freed."""
+    await within_call(context, destination)

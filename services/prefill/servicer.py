@@ -38,6 +38,7 @@ from pdmesh.rpc.convert import (
     logprob_to_proto,
     sampling_from_proto,
 )
+from pdmesh.rpc.prefill_stream import Early, serve_stream
 from pdmesh.rpc.process import remaining
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
@@ -45,7 +46,6 @@ from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
-from services.prefill.stream import Early, serve_stream
 from services.worker.core import WorkerCore
 
 SERVICE = "pdmesh.v1.Prefill"
@@ -90,7 +90,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     async def PrefillStream(  # noqa: N802 (gRPC method name)
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> None:
-        """The router's hand-off: its protocol is ``services/prefill/stream.py``."""
+        """The router's hand-off: its protocol is ``pdmesh/rpc/prefill_stream.py``."""
         await serve_stream(context, self._prefill)
 
     async def _prefill(self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext,

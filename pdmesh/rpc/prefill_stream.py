@@ -9,6 +9,10 @@ Two rules keep the call's end precise. A stop can come while the first token's w
 still in flight: the call ends only once that write is done (``pdmesh/rpc/call_writes.py``).
 A request refused before its destination came is answered only once the destination came
 (``_heard_out``).
+
+This is the prefill worker's end of the call (``services/prefill/servicer.py`` serves it
+with its prefill); it lives with the mesh's other wire code, the only place besides the
+servicers that reads generated protobuf messages (tests/unit/architecture).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pdmesh.kv.block_hash import HashAlgorithm
 from pdmesh.kv.eviction import EvictionPolicy
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-AttentionBackendName = Literal["auto", "torch", "cpu"]
+AttentionBackendName = Literal["auto", "torch", "cpu", "flashinfer"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,8 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     attention_backend: AttentionBackendName = "auto"
-    """"auto": the fused C++ kernels on CPU ("cpu"), else "torch"."""
+    """"auto": the fused C++ kernels on CPU ("cpu"); on CUDA "flashinfer" for bfloat16 and
+    float16 where it imports, else "torch"."""
     num_threads: int | None = None
     """torch intra-op threads on CPU (None keeps torch's default)."""
     probe_threads: int | None = None
@@ -148,6 +149,10 @@ class EngineConfig:
     prompt ~6% slower than one worker of the machine (docs/performance.md §27)."""
     speculative: SpeculativeConfig | None = None
     """Speculative decoding; None decodes one token per step."""
+    cuda_graphs: bool = True
+    """On CUDA with the flashinfer backend, decode steps replay CUDA graphs captured at
+    start-up for batch sizes up to max_num_seqs (``engine/cuda_graphs.py``); False runs
+    every step eagerly."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +198,8 @@ class EngineArgs(MeshContract):
     """torch intra-op threads (0 = torch's default)."""
     attention_backend: AttentionBackendName = EngineConfig.attention_backend
     """Attention implementation; "auto" picks the best available for the device."""
+    cuda_graphs: bool = EngineConfig.cuda_graphs
+    """On CUDA with flashinfer: replay decode steps from graphs captured at start-up (false: eager)."""
     speculative_config: dict[str, Any] | str | None = None
     """Speculative decoding as JSON, vLLM's keys: {"method": "ngram", "num_speculative_tokens": 3}
     or {"method": "draft_model", "model": DIR} (unset: off)."""
@@ -201,7 +208,7 @@ class EngineArgs(MeshContract):
         return EngineConfig(
             model=self.model, dtype=self.dtype, device=self.device,
             max_model_len=self.max_model_len or None, num_threads=self.threads or None,
-            attention_backend=self.attention_backend,
+            attention_backend=self.attention_backend, cuda_graphs=self.cuda_graphs,
             speculative=SpeculativeConfig.parse(self.speculative_config),
             cache=CacheConfig(
                 block_size=self.block_size, num_blocks=self.num_blocks or None,

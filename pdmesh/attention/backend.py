@@ -3,17 +3,20 @@
 A step's tokens are flattened: the first ``num_decodes`` sequences contribute one token
 each, the remaining ones a prefill chunk that may sit on top of cached prefix blocks.
 A backend writes the new K/V into the paged cache at the slots the model runner chose and
-computes attention over each sequence's whole context. The torch backend serves CPU;
-a flashinfer backend (GPU) implements the same two methods.
+computes attention over each sequence's whole context. The torch and fused C++ backends
+serve CPU; the flashinfer backend (``flashinfer_backend.py``) serves CUDA with the same
+two methods.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from pdmesh.attention.paged_index import PagedIndex
 
 
 @dataclass(slots=True)
@@ -62,6 +65,11 @@ class AttentionMetadata:
     prefill_spans: torch.Tensor | None = None
     """(len(prefills), 3) int64: each prefill's q_start, q_len and ctx_len, for kernels
     that take every chunk of a step in one call."""
+    paged: PagedIndex | None = None
+    """The step as a host page index, for backends that plan from one (``wants_paged_index``)."""
+    attn_plan: Any = None
+    """What such a backend planned for this step: set by the first layer, read by the rest
+    (or set before a CUDA graph replays the step)."""
 
 
 class AttentionBackend(Protocol):

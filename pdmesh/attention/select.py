@@ -2,7 +2,10 @@
 
 "auto" picks the fused C++ kernels on CPU and says so when they cannot be built (a
 warning naming the reason, and the engine reports the backend it runs), then uses the
-torch backend, which computes the same thing more slowly.
+torch backend, which computes the same thing more slowly. On CUDA it picks flashinfer
+for bfloat16 and float16 where the package imports, and otherwise the torch backend
+with a warning that says why (float32, which flashinfer does not compute, or the package
+missing).
 """
 
 from __future__ import annotations
@@ -18,31 +21,59 @@ from pdmesh.errors import InvalidRequestError
 log = logging.getLogger(__name__)
 
 
-def _cpu(device: str) -> AttentionBackend:
+def _cpu(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
     from pdmesh.attention.cpu_backend import CPUAttentionBackend
 
     return CPUAttentionBackend(device)
 
 
-BACKENDS = {"torch": TorchAttentionBackend, "cpu": _cpu}
-"""Every backend pdmesh ships. A GPU backend joins here when it exists."""
+def _flashinfer(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+    from pdmesh.attention.flashinfer_backend import FlashInferBackend
+
+    return FlashInferBackend(device, dtype, head_dim)
 
 
-def build_backend(name: str, device: str) -> AttentionBackend:
-    """``name`` is a key of ``BACKENDS`` or "auto" (the best one for ``device``)."""
+def _torch(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+    return TorchAttentionBackend(device)
+
+
+BACKENDS = {"torch": _torch, "cpu": _cpu, "flashinfer": _flashinfer}
+"""Every backend pdmesh ships."""
+
+
+def build_backend(name: str, device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+    """``name`` is a key of ``BACKENDS`` or "auto" (the best one for ``device``, ``dtype``
+    and the model's ``head_dim``)."""
     if name == "auto":
-        if torch.device(device).type != "cpu":
-            return TorchAttentionBackend(device)
-        from pdmesh.attention.cpu_kernels import KernelsUnavailableError
-
-        try:
-            return _cpu(device)
-        except KernelsUnavailableError as exc:
-            log.warning("attention: %s; using the torch backend (slower decode)", exc)
-            return TorchAttentionBackend(device)
+        return _auto(device, dtype, head_dim)
     make = BACKENDS.get(name)
     if make is None:
         raise InvalidRequestError(
             "attention_backend", f"{name!r} is not available; choose one of {sorted(BACKENDS)} or 'auto'"
         )
-    return make(device)
+    return make(device, dtype, head_dim)
+
+
+def _auto(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+    kind = torch.device(device).type
+    if kind == "cuda":
+        from pdmesh.attention.flashinfer_backend import HALF_DTYPES, HEAD_DIMS
+
+        if dtype not in HALF_DTYPES or head_dim not in HEAD_DIMS:
+            log.warning("attention: flashinfer computes bfloat16 or float16 with head_dim %s, not %s with %d; "
+                        "using the torch backend (gathers every context per layer)", HEAD_DIMS, dtype, head_dim)
+            return TorchAttentionBackend(device)
+        try:
+            return _flashinfer(device, dtype, head_dim)
+        except InvalidRequestError as exc:
+            log.warning("attention: %s; using the torch backend", exc.message)
+            return TorchAttentionBackend(device)
+    if kind != "cpu":
+        return TorchAttentionBackend(device)
+    from pdmesh.attention.cpu_kernels import KernelsUnavailableError
+
+    try:
+        return _cpu(device, dtype, head_dim)
+    except KernelsUnavailableError as exc:
+        log.warning("attention: %s; using the torch backend (slower decode)", exc)
+        return TorchAttentionBackend(device)

@@ -21,7 +21,7 @@ from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
 from pdmesh.engine.forks import expand_forks, fork_siblings
 from pdmesh.engine.handoff import KVHandoff
-from pdmesh.engine.model_runner import ModelRunner, StepResult
+from pdmesh.engine.model_runner import CudaGraphSizes, ModelRunner, StepResult
 from pdmesh.engine.output import RequestState
 from pdmesh.engine.resume import Resume
 from pdmesh.engine.sampler import Sampler
@@ -60,10 +60,11 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks, cc.enable_prefix_caching, cc.prefix_eviction)
         self.kv = KVCacheManager(self.pool, self.hasher)
         self.scheduler = Scheduler(config.scheduler, self.kv)
+        graphs = CudaGraphSizes(config.scheduler.max_num_seqs, self.max_model_len) if config.cuda_graphs else None
         self.runner = ModelRunner(
             model, cfg, dtype, num_blocks, cc.block_size, self.kv,
-            build_backend(config.attention_backend, config.device), config.device,
-        )  # measures the linear plan (``use_linear_plan``)
+            build_backend(config.attention_backend, config.device, dtype, cfg.head_dim), config.device, graphs,
+        )  # measures the linear plan (``use_linear_plan``) or captures the CUDA graphs
         if config.probe_threads and config.num_threads:
             torch.set_num_threads(config.num_threads)  # probed: back to the engine's own
         self.admission = Admission(self.tokenizer, cfg.vocab_size, self.max_model_len,

@@ -10,12 +10,16 @@ the same kernel and arithmetic as k + 1 ordinary decode steps, in one forward pa
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata, PrefillSeq
+from pdmesh.attention.flashinfer_backend import FlashInferBackend
+from pdmesh.attention.paged_index import PagedRow, paged_index
 from pdmesh.attention.sampled_rows import SampledRows, sampled_rows
 from pdmesh.engine.kv_pool import kv_pool
 from pdmesh.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -24,6 +28,11 @@ from pdmesh.kv.layout import KVLayout
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.llama import LlamaForCausalLM
 from pdmesh.request import Sequence
+
+if TYPE_CHECKING:
+    from pdmesh.engine.cuda_graphs import DecodeGraphs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -46,6 +55,8 @@ class PreparedStep:
     drafts: list[list[int]]
     last: SampledRows | None = None
     """The last layer's rows where it computes fewer than all (``sampled_rows``)."""
+    decode_only: bool = False
+    """One sampling row per sequence and no drafts: a step a CUDA graph can replay."""
 
 
 class ModelRunner:
@@ -59,7 +70,10 @@ class ModelRunner:
         kv: KVCacheManager,
         backend: AttentionBackend,
         device: str = "cpu",
+        cuda_graphs: CudaGraphSizes | None = None,
     ) -> None:
+        """``cuda_graphs``: capture decode graphs (flashinfer on CUDA only) up to that many
+        rows, each row's context up to ``max_model_len`` tokens."""
         self.model = model
         self.cfg = cfg
         self.block_size = block_size
@@ -71,7 +85,18 @@ class ModelRunner:
             model.use_linear_plan(always_onednn=mode == "always")
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
-        self.kv_cache, self.kv_pages = kv_pool((num_blocks, *layout.block_shape), dtype, self.device)
+        graphs = cuda_graphs if cuda_graphs is not None and _graphable(backend, self.device) else None
+        # With graphs the pool holds one block past the scheduler's: padding rows' scratch.
+        pool_blocks = num_blocks + (1 if graphs is not None else 0)
+        self.kv_cache, self.kv_pages = kv_pool((pool_blocks, *layout.block_shape), dtype, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if graphs is not None:
+            from pdmesh.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, self.kv_cache, backend, num_blocks,  # type: ignore[arg-type]
+                                       graphs.max_batch, -(-graphs.max_model_len // block_size))
+        elif cuda_graphs is not None and self.device.type == "cuda":
+            log.warning("CUDA graphs need the flashinfer attention backend; decode steps run eagerly")
 
     def prepare(self, out: SchedulerOutput) -> PreparedStep:
         """Everything read from the block tables; needs the engine lock."""
@@ -82,6 +107,10 @@ class ModelRunner:
 
     def forward(self, step: PreparedStep) -> StepResult:
         """The model itself; touches only the blocks of scheduled sequences (no lock needed)."""
+        if self.graphs is not None and step.decode_only:
+            logits = self.graphs.run(step.input_ids, step.positions, step.meta)
+            if logits is not None:
+                return StepResult(logits, step.sampling, step.drafts)
         logits = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend,
                             step.logits_idx, step.last)
         return StepResult(logits, step.sampling, step.drafts)
@@ -135,10 +164,28 @@ class ModelRunner:
             meta.prefill_spans = torch.tensor(prefill_spans, device=dev)
             meta.prefills = tuple(PrefillSeq(q_start, n, ctx, tables[i, : len(used)])  # rows: no tensor each
                                   for i, ((q_start, n, ctx), used) in enumerate(zip(prefill_spans, prefill_tables)))
+        if getattr(self.backend, "wants_paged_index", False):
+            meta.paged = paged_index([PagedRow(1, n, t) for t, n in zip(decode_tables, decode_lens)]
+                                     + [PagedRow(n, ctx, t) for (_, n, ctx), t in zip(prefill_spans, prefill_tables)],
+                                     bs)
         cut = self.backend.attends_sampled_rows and prefill_spans
         last = sampled_rows(meta, logits_idx, len(ids)) if cut else None
+        decode_only = not prefill_spans and not any(drafts) and len(logits_idx) == len(ids)
         return PreparedStep(torch.tensor(ids, device=dev), positions, meta,
-                            torch.tensor(logits_idx, dtype=torch.long, device=dev), sampling, drafts, last)
+                            torch.tensor(logits_idx, dtype=torch.long, device=dev), sampling, drafts, last,
+                            decode_only)
+
+
+@dataclass(frozen=True, slots=True)
+class CudaGraphSizes:
+    """What decode graphs must hold: rows per step and tokens per row."""
+
+    max_batch: int
+    max_model_len: int
+
+
+def _graphable(backend: AttentionBackend, device: torch.device) -> bool:
+    return device.type == "cuda" and isinstance(backend, FlashInferBackend)
 
 
 def _padded(tables: list[list[int]], dev: torch.device | str) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from pdmesh.attention.select import build_backend
 from pdmesh.cli import build_parser
@@ -39,5 +40,6 @@ def test_every_command_and_flag_has_help_with_its_default() -> None:
 
 
 def test_an_unknown_attention_backend_is_an_error_that_lists_the_choices() -> None:
-    with pytest.raises(InvalidRequestError, match=r"'flashinfer' is not available; choose one of \['cpu', 'torch'\]"):
-        build_backend("flashinfer", "cpu")
+    with pytest.raises(InvalidRequestError,
+                       match=r"'flashattn' is not available; choose one of \['cpu', 'flashinfer', 'torch'\]"):
+        build_backend("flashattn", "cpu", torch.float32, 64)

@@ -57,7 +57,7 @@ class DraftModelProposer:
         self.pool = BlockPool(num_blocks, enable_caching=False)
         self.kv = KVCacheManager(self.pool, BlockHasher(bs, 0, target.cache.hash_algorithm))
         self.runner = ModelRunner(model, cfg, dtype, num_blocks, bs, self.kv,
-                                  build_backend(target.attention_backend, target.device), target.device)
+                                  build_backend(target.attention_backend, target.device, dtype, cfg.head_dim), target.device)
         self._shadows: dict[str, _Shadow] = {}
 
     def stats(self) -> BlockPoolStats:

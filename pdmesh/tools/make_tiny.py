@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 Arch = Literal["llama", "qwen2", "qwen3"]
-Size = Literal["tiny", "small", "small-draft"]
+Size = Literal["tiny", "small", "small-draft", "llama-8b"]
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -37,6 +37,8 @@ class Shape:
     intermediate: int
     vocab: int
     max_positions: int
+    dtype: str = "float32"
+    """The config's torch_dtype and the weights' dtype on disk."""
 
 
 SHAPES: dict[str, Shape] = {
@@ -46,7 +48,12 @@ SHAPES: dict[str, Shape] = {
     # model for it in speculative-decoding benchmarks (its random weights agree with the
     # small model's only by chance, so it measures the cost of drafting, not a speed-up).
     "small-draft": Shape(128, 2, 4, 2, 256, 8192, 4096),
+    # Llama 3 8B's shape (GQA 32/8, 128k vocabulary), for GPU benchmarks: 16 GB in bf16.
+    "llama-8b": Shape(4096, 32, 32, 8, 14336, 128256, 8192, "bfloat16"),
 }
+TOKENIZER_VOCAB = 8192
+"""The most merges the corpus trains; a larger vocabulary is filled with added tokens
+(``<|extra_N|>``), so that every id the model can sample decodes."""
 
 # The corpus: a fixed, sorted list of standard-library modules (stable on one Python).
 _CORPUS_MODULES = (
@@ -99,7 +106,7 @@ def model_config(arch: Arch, shape: Shape, vocab: int, tok: Tokenizer) -> dict[s
         "bos_token_id": tok.token_to_id(BOS),
         "eos_token_id": tok.token_to_id(EOS),
         "pad_token_id": tok.token_to_id(PAD),
-        "torch_dtype": "float32",
+        "torch_dtype": shape.dtype,
         "initializer_range": 0.02,
         "attention_dropout": 0.0,
         "use_cache": True,
@@ -129,9 +136,12 @@ def model_config(arch: Arch, shape: Shape, vocab: int, tok: Tokenizer) -> dict[s
     return cfg
 
 
-def random_weights(cfg: dict[str, object], seed: int) -> dict[str, torch.Tensor]:
-    """HF-named tensors drawn in a fixed order from one seeded generator."""
-    g = torch.Generator().manual_seed(seed)
+def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """HF-named tensors drawn in a fixed order from one seeded generator on ``device``
+    (a GPU draws an 8B model in seconds; its draws differ from the CPU's), on the CPU in
+    ``dtype``."""
+    g = torch.Generator(device=device).manual_seed(seed)
     hidden = int(cfg["hidden_size"])  # type: ignore[call-overload]
     heads = int(cfg["num_attention_heads"])  # type: ignore[call-overload]
     kv = int(cfg["num_key_value_heads"])  # type: ignore[call-overload]
@@ -142,10 +152,10 @@ def random_weights(cfg: dict[str, object], seed: int) -> dict[str, torch.Tensor]
     std = float(cfg["initializer_range"])  # type: ignore[arg-type]
 
     def normal(*shape: int, scale: float = std) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * scale
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype).cpu()
 
     def norm_weight(n: int) -> torch.Tensor:
-        return 1.0 + normal(n, scale=0.1)
+        return (1.0 + torch.randn(n, generator=g, device=device) * 0.1).to(dtype).cpu()
 
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, hidden)}
     for i in range(int(cfg["num_hidden_layers"])):  # type: ignore[call-overload]
@@ -202,8 +212,9 @@ def make_tiny(
     size: Size = "tiny",
     seed: int = 0,
     max_shard_bytes: int | None = None,
+    device: str = "cpu",
 ) -> Path:
-    """Write the model folder and return its path."""
+    """Write the model folder and return its path; ``device`` draws the weights."""
     if arch not in ("llama", "qwen2", "qwen3"):
         raise ValueError(f"arch must be llama, qwen2 or qwen3, got {arch!r}")
     if size not in SHAPES:
@@ -211,10 +222,13 @@ def make_tiny(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     shape = SHAPES[size]
-    tok = train_tokenizer(shape.vocab)
+    tok = train_tokenizer(min(shape.vocab, TOKENIZER_VOCAB))
+    trained = tok.get_vocab_size(with_added_tokens=True)
+    if shape.vocab > TOKENIZER_VOCAB:
+        tok.add_tokens([f"<|extra_{i}|>" for i in range(shape.vocab - trained)])
     vocab = tok.get_vocab_size(with_added_tokens=True)
     cfg = model_config(arch, shape, vocab, tok)
-    save_weights(random_weights(cfg, seed), out, max_shard_bytes)
+    save_weights(random_weights(cfg, seed, device, getattr(torch, shape.dtype)), out, max_shard_bytes)
     _dump(out / "config.json", cfg)
     _dump(out / "generation_config.json", {
         "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],

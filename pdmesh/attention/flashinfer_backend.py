@@ -24,13 +24,14 @@ import torch
 
 from pdmesh.attention.backend import AttentionMetadata
 from pdmesh.attention.paged_index import PagedIndex
+from pdmesh.attention.torch_backend import write_kv_slots
 from pdmesh.errors import InvalidRequestError
 
 FLASHINFER_PIN = "flashinfer-python==0.6.18.post1"
 """The release pdmesh is tested with (pyproject's ``gpu`` extra says the same)."""
 WORKSPACE_BYTES = 256 << 20
-"""flashinfer's float workspace (split-KV partial results); its docs advise 128 MiB and
-more for long contexts at large batch."""
+"""flashinfer's float workspace (split-KV partial results): twice the 128 MiB its docs
+advise, for 128 rows of 4k-token contexts split many ways."""
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128, 256)
 """Head sizes flashinfer's batch prefill kernels are instantiated for."""
@@ -53,8 +54,8 @@ class FlashInferBackend:
     """``AttentionBackend`` over flashinfer's batch prefill kernel (decode rows included)."""
 
     attends_sampled_rows = False
-    """The last layer computes every row: a second plan per step for its suffix rows would
-    cost more host time than the rows it saves on a GPU."""
+    """The last layer computes every row: its sampling rows alone would need a second plan
+    per step (host time the GPU waits for); whether that pays on a GPU is not measured."""
     wants_paged_index = True
     """The model runner builds ``AttentionMetadata.paged`` for this backend."""
 
@@ -93,8 +94,7 @@ class FlashInferBackend:
     def write_kv(
         self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> None:
-        kv_layer[:, 0][meta.slot_blocks, meta.slot_offsets] = k
-        kv_layer[:, 1][meta.slot_blocks, meta.slot_offsets] = v
+        write_kv_slots(kv_layer, k, v, meta)
 
     def attend(
         self,

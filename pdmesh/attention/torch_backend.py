@@ -32,8 +32,7 @@ class TorchAttentionBackend:
     def write_kv(
         self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> None:
-        kv_layer[:, 0][meta.slot_blocks, meta.slot_offsets] = k
-        kv_layer[:, 1][meta.slot_blocks, meta.slot_offsets] = v
+        write_kv_slots(kv_layer, k, v, meta)
 
     def attend(
         self,
@@ -123,6 +122,13 @@ class TorchAttentionBackend:
                               device=self._device)
             self._buffers[name] = buf
         return buf[:numel]
+
+
+def write_kv_slots(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+    """Each row's key and value into its slot (``meta.slot_blocks``, ``meta.slot_offsets``):
+    two indexed assignments, which a CUDA graph captures as they are."""
+    kv_layer[:, 0][meta.slot_blocks, meta.slot_offsets] = k
+    kv_layer[:, 1][meta.slot_blocks, meta.slot_offsets] = v
 
 
 def _rows(x: torch.Tensor, start: int, length: int) -> torch.Tensor:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from pdmesh.bench.stats import median_seconds
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.sampling_params import SamplingParams
 
@@ -68,19 +69,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_seconds(fn, device: torch.device, warmup: int = 3, reps: int = 10) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure_ceilings(device: torch.device, dtype: torch.dtype, copy_bytes: int, n: int) -> Ceilings:
     """The copy ceiling on ``copy_bytes`` (read, and as many written) and the matrix
     ceiling on n x n x n products of random ``dtype`` data."""
@@ -91,13 +79,13 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype, copy_bytes: int, 
 def _copy_seconds(device: torch.device, nbytes: int) -> float:
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return _median_seconds(lambda: dst.copy_(src), device)
+    return median_seconds(lambda: dst.copy_(src), sync=lambda: _sync(device))
 
 
 def _matmul_seconds(device: torch.device, dtype: torch.dtype, n: int) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return _median_seconds(lambda: torch.mm(a, b), device)
+    return median_seconds(lambda: torch.mm(a, b), sync=lambda: _sync(device))
 
 
 def _prompts(n: int, length: int, rng: random.Random, vocab: int) -> list[list[int]]:

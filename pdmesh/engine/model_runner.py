@@ -85,18 +85,20 @@ class ModelRunner:
             model.use_linear_plan(always_onednn=mode == "always")
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
-        graphs = cuda_graphs if cuda_graphs is not None and _graphable(backend, self.device) else None
+        graphed = backend if isinstance(backend, FlashInferBackend) and self.device.type == "cuda" else None
+        if cuda_graphs is None:
+            graphed = None
+        elif graphed is None and self.device.type == "cuda":
+            log.warning("CUDA graphs need the flashinfer attention backend; decode steps run eagerly")
         # With graphs the pool holds one block past the scheduler's: padding rows' scratch.
-        pool_blocks = num_blocks + (1 if graphs is not None else 0)
+        pool_blocks = num_blocks + (1 if graphed is not None else 0)
         self.kv_cache, self.kv_pages = kv_pool((pool_blocks, *layout.block_shape), dtype, self.device)
         self.graphs: DecodeGraphs | None = None
-        if graphs is not None:
+        if graphed is not None and cuda_graphs is not None:
             from pdmesh.engine.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, self.kv_cache, backend, num_blocks,  # type: ignore[arg-type]
-                                       graphs.max_batch, -(-graphs.max_model_len // block_size))
-        elif cuda_graphs is not None and self.device.type == "cuda":
-            log.warning("CUDA graphs need the flashinfer attention backend; decode steps run eagerly")
+            self.graphs = DecodeGraphs(model, self.kv_cache, graphed, num_blocks, cuda_graphs.max_batch,
+                                       -(-cuda_graphs.max_model_len // block_size))
 
     def prepare(self, out: SchedulerOutput) -> PreparedStep:
         """Everything read from the block tables; needs the engine lock."""
@@ -156,18 +158,12 @@ class ModelRunner:
             slot_blocks=torch.tensor(slot_blocks, device=dev),
             slot_offsets=positions % bs,
         )
-        if decode_tables:
-            meta.decode_block_tables = _padded(decode_tables, dev)
-            meta.decode_seq_lens = torch.tensor(decode_lens, device=dev)
-        if prefill_spans:
-            tables = meta.prefill_tables = _padded(prefill_tables, dev)
-            meta.prefill_spans = torch.tensor(prefill_spans, device=dev)
-            meta.prefills = tuple(PrefillSeq(q_start, n, ctx, tables[i, : len(used)])  # rows: no tensor each
-                                  for i, ((q_start, n, ctx), used) in enumerate(zip(prefill_spans, prefill_tables)))
         if getattr(self.backend, "wants_paged_index", False):
             meta.paged = paged_index([PagedRow(1, n, t) for t, n in zip(decode_tables, decode_lens)]
                                      + [PagedRow(n, ctx, t) for (_, n, ctx), t in zip(prefill_spans, prefill_tables)],
                                      bs)
+        else:
+            _block_tables(meta, decode_tables, decode_lens, prefill_spans, prefill_tables, dev)
         cut = self.backend.attends_sampled_rows and prefill_spans
         last = sampled_rows(meta, logits_idx, len(ids)) if cut else None
         decode_only = not prefill_spans and not any(drafts) and len(logits_idx) == len(ids)
@@ -184,8 +180,20 @@ class CudaGraphSizes:
     max_model_len: int
 
 
-def _graphable(backend: AttentionBackend, device: torch.device) -> bool:
-    return device.type == "cuda" and isinstance(backend, FlashInferBackend)
+def _block_tables(meta: AttentionMetadata, decode_tables: list[list[int]], decode_lens: list[int],
+                  prefill_spans: list[tuple[int, int, int]], prefill_tables: list[list[int]],
+                  dev: torch.device) -> None:
+    """The padded block tables the torch and CPU backends read. A backend that plans from
+    the page index never reads them, and at 128 rows of 4k tokens they cost 6.7 ms of host
+    time per step (``scripts/paged_index_probe.py``, docs/performance.md section 49)."""
+    if decode_tables:
+        meta.decode_block_tables = _padded(decode_tables, dev)
+        meta.decode_seq_lens = torch.tensor(decode_lens, device=dev)
+    if prefill_spans:
+        tables = meta.prefill_tables = _padded(prefill_tables, dev)
+        meta.prefill_spans = torch.tensor(prefill_spans, device=dev)
+        meta.prefills = tuple(PrefillSeq(q_start, n, ctx, tables[i, : len(used)])  # rows: no tensor each
+                              for i, ((q_start, n, ctx), used) in enumerate(zip(prefill_spans, prefill_tables)))
 
 
 def _padded(tables: list[list[int]], dev: torch.device | str) -> torch.Tensor:

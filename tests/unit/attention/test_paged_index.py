@@ -46,6 +46,8 @@ def test_a_mixed_step_attends_the_same_through_the_index_and_the_block_tables() 
     assert index.kv_indptr.tolist() == [0, 3, 4, 6, 10]
     assert index.kv_indices.tolist() == perm[0:3] + perm[3:4] + perm[5:7] + perm[7:11]
     assert index.last_page_len.tolist() == [1, 4, 1, 1]
+    # int32 throughout: flashinfer picks its kernel module by the index dtype (int32 is the one built ahead)
+    assert {t.dtype for t in (index.qo_indptr, index.kv_indptr, index.kv_indices, index.last_page_len)} == {torch.int32}
 
     total = index.num_rows
     q = torch.randn(total, HEADS, DIM, generator=g)

@@ -12,29 +12,14 @@ Usage: .venv/bin/python scripts/host_step_parts.py MODEL [--rows 64] [--context 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
-import time
-from collections.abc import Callable
-from typing import Any
 
+from pdmesh.bench.stats import around_calls, wall_seconds_into
 from pdmesh.config import EngineArgs
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.sampling_params import SamplingParams
-
-
-def timed(obj: Any, name: str, into: list[float]) -> None:
-    """Replace ``obj.name`` by a version that appends each call's seconds to ``into``."""
-    inner: Callable[..., Any] = getattr(obj, name)
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            into.append(time.perf_counter() - start)
-
-    setattr(obj, name, run)
 
 
 def main() -> None:
@@ -55,15 +40,14 @@ def main() -> None:
     while len(started) < args.rows:
         started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
     parts: dict[str, list[float]] = {k: [] for k in ("schedule", "prepare", "forward", "finish")}
-    timed(engine.scheduler, "schedule", parts["schedule"])
-    timed(engine.runner, "prepare", parts["prepare"])
-    timed(engine.runner, "forward", parts["forward"])
-    timed(engine, "_finish_step", parts["finish"])
     steps: list[float] = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - start)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(around_calls(engine, "step", wall_seconds_into(steps)))
+        for obj, name, key in ((engine.scheduler, "schedule", "schedule"), (engine.runner, "prepare", "prepare"),
+                               (engine.runner, "forward", "forward"), (engine, "_finish_step", "finish")):
+            stack.enter_context(around_calls(obj, name, wall_seconds_into(parts[key])))
+        for _ in range(args.steps):
+            engine.step()
     print(f"{args.rows} rows x {args.context} tokens, {type(engine.runner.backend).__name__}, "
           f"median of {args.steps} steps: step {statistics.median(steps) * 1e3:.2f} ms")
     for name, values in parts.items():

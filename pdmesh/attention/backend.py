@@ -78,6 +78,10 @@ class AttentionBackend(Protocol):
     kernels: ModuleType | None
     """pdmesh's compiled CPU kernels when this backend runs them (the model then uses their
     fused norms and rotary embedding too), else None."""
+    attends_sampled_rows: bool
+    """The last layer may compute only the rows that sample (``sampled_rows.py``)."""
+    wants_paged_index: bool
+    """It plans from ``AttentionMetadata.paged`` and reads no padded block table."""
 
     def write_kv(
         self, kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata

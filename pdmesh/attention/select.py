@@ -57,16 +57,10 @@ def build_backend(name: str, device: str, dtype: torch.dtype, head_dim: int) -> 
 def _auto(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
     kind = torch.device(device).type
     if kind == "cuda":
-        from pdmesh.attention.flashinfer_backend import HALF_DTYPES, HEAD_DIMS
-
-        if dtype not in HALF_DTYPES or head_dim not in HEAD_DIMS:
-            log.warning("attention: flashinfer computes bfloat16 or float16 with head_dim %s, not %s with %d; "
-                        "using the torch backend (gathers every context per layer)", HEAD_DIMS, dtype, head_dim)
-            return TorchAttentionBackend(device)
-        try:
+        try:  # FlashInferBackend says what it cannot compute (dtype, head size, package)
             return _flashinfer(device, dtype, head_dim)
         except InvalidRequestError as exc:
-            log.warning("attention: %s; using the torch backend", exc.message)
+            log.warning("attention: %s; using the torch backend (gathers every context per layer)", exc.message)
             return TorchAttentionBackend(device)
     if kind != "cpu":
         return TorchAttentionBackend(device)

@@ -22,6 +22,8 @@ class TorchAttentionBackend:
     attends_sampled_rows = False
     """A chunk without a cached prefix attends with ``is_causal`` as Hugging Face does; its
     last row alone would go through the masked path instead, a different SDPA kernel."""
+    wants_paged_index = False
+    """It reads the padded block tables (``decode_block_tables``, ``prefills``)."""
 
     def __init__(self, device: str | torch.device = "cpu") -> None:
         self._device = torch.device(device)

@@ -18,6 +18,7 @@ every sequence has its first token, so the figure is what a user's stream sees.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import random
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from pdmesh.bench.stats import median_seconds
+from pdmesh.bench.stats import around_calls, median_seconds
+from pdmesh.config import EngineConfig
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.sampling_params import SamplingParams
 
@@ -138,28 +140,26 @@ def time_decode(engine: LLMEngine, prompts: list[list[int]], steps: int, max_mod
         raise RuntimeError(f"max_model_len {max_model_len} leaves too few tokens to time {steps} decode steps")
     context = sum(s.num_tokens for s in running) / len(running) + steps / 2
     events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-    forward = engine.runner.forward
 
-    def timed_forward(step):  # type: ignore[no-untyped-def]
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        result = forward(step)
-        end.record()
-        events.append((begin, end))
-        return result
+    def on_gpu(forward):  # type: ignore[no-untyped-def]
+        def run(step):  # type: ignore[no-untyped-def]
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            result = forward(step)
+            end.record()
+            events.append((begin, end))
+            return result
+        return run
 
-    if device.type == "cuda":
-        engine.runner.forward = timed_forward  # type: ignore[method-assign]
     tokens = 0
-    try:
+    timing = around_calls(engine.runner, "forward", on_gpu) if device.type == "cuda" else contextlib.nullcontext()
+    with timing:
         _sync(device)
         begin = time.perf_counter()
         for _ in range(steps):
             tokens += sum(len(o.outputs[0].token_ids) for o in engine.step())
         _sync(device)
         seconds = time.perf_counter() - begin
-    finally:
-        engine.runner.__dict__.pop("forward", None)
     forward_s = sum(b.elapsed_time(e) for b, e in events) / 1e3 / steps if events else None
     for rid in ids:
         engine.abort_request(rid)
@@ -207,7 +207,7 @@ def _hf_decode_tok_s(hf, prompts: list[list[int]], new: int, device: torch.devic
     return len(prompts) * (new - 1) / (gen(new) - gen(1))
 
 
-def run_gpu_bench(args: argparse.Namespace, engine_config) -> dict:  # type: ignore[no-untyped-def]
+def run_gpu_bench(args: argparse.Namespace, engine_config: EngineConfig) -> dict:  # type: ignore[type-arg]
     quick = bool(args.quick)
     batches = (1, 16) if quick else (1, 16, 64, 128)
     contexts = (128, 256) if quick else (1024, 4096)

@@ -3,9 +3,11 @@ median time of a repeated call."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def pct(values: list[float], q: float) -> float:
@@ -30,3 +32,31 @@ def median_seconds(fn: Callable[[], object], warmup: int = 3, reps: int = 10,
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+@contextlib.contextmanager
+def around_calls(obj: object, name: str, wrap: Wrap) -> Iterator[None]:
+    """Within the block, ``obj.name`` (a method) is ``wrap(obj.name)``: a benchmark's way
+    to time one part of a call it does not own. The instance attribute goes afterwards,
+    and the class's method answers again."""
+    setattr(obj, name, wrap(getattr(obj, name)))
+    try:
+        yield
+    finally:
+        delattr(obj, name)
+
+
+def wall_seconds_into(into: list[float]) -> Wrap:
+    """A ``wrap`` appending each call's wall seconds to ``into``."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                into.append(time.perf_counter() - start)
+        return run
+    return wrap

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from pdmesh.attention.backend import AttentionMetadata
 from pdmesh.attention.flashinfer_backend import FlashInferBackend, plan
-from pdmesh.attention.paged_index import PagedIndex
+from pdmesh.attention.paged_index import PagedIndex, paged_index
 from pdmesh.model.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,23 @@ def graph_batches(max_batch: int) -> list[int]:
     return [b for b in LADDER if b < max_batch] + [max_batch]
 
 
+def padded_index(paged: PagedIndex, batch: int, scratch_block: int) -> PagedIndex:
+    """``paged``'s decode rows followed by padding rows up to ``batch``, each attending one
+    token of ``scratch_block``: the index a graph captured for ``batch`` rows is planned with."""
+    ones = torch.ones(batch - paged.num_seqs, dtype=torch.int32)
+    return PagedIndex(
+        qo_indptr=torch.arange(batch + 1, dtype=torch.int32),
+        kv_indptr=torch.cat([paged.kv_indptr, paged.kv_indptr[-1] + torch.cumsum(ones, 0, dtype=torch.int32)]),
+        kv_indices=torch.cat([paged.kv_indices, ones * scratch_block]),
+        last_page_len=torch.cat([paged.last_page_len, ones]),
+    )
+
+
 @dataclass(slots=True)
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    meta: AttentionMetadata
-    """Static: its tensors are views of the shared input buffers, its plan this graph's wrapper."""
+    wrapper: Any
+    """This graph's flashinfer wrapper, over its fixed index buffers: planned before each replay."""
     logits: torch.Tensor
     """The graph's output [batch, vocab], overwritten by each replay."""
 
@@ -80,8 +93,10 @@ class DecodeGraphs:
         enough. The result is a view of the graph's output: read it before the next step."""
         rows = input_ids.shape[0]
         batch = next((b for b in self.batches if b >= rows), None)
-        if batch is None or meta.paged is None:
+        if batch is None:
             return None
+        if meta.paged is None:
+            raise RuntimeError("a graphed decode step needs its page index (AttentionMetadata.paged)")
         g = self._graphs[batch]
         with torch.inference_mode():
             self.ids[:rows].copy_(input_ids)
@@ -89,7 +104,7 @@ class DecodeGraphs:
             self.slot_blocks[:rows].copy_(meta.slot_blocks)
             self.slot_offsets[:rows].copy_(meta.slot_offsets)
             self._pad(rows, batch)
-            self._plan(g.meta, meta.paged, batch)
+            self._plan(g.wrapper, meta.paged, batch)
             g.graph.replay()
         self.replays += 1
         return g.logits[:rows]
@@ -101,20 +116,9 @@ class DecodeGraphs:
             self.slot_blocks[rows:batch].fill_(self.scratch)
             self.slot_offsets[rows:batch].zero_()
 
-    def _plan(self, meta: AttentionMetadata, paged: PagedIndex | None, batch: int) -> None:
-        """Plan the graph's wrapper for ``paged``'s rows, padded to ``batch`` rows that each
-        attend one token of the scratch block."""
-        real = paged.num_seqs if paged is not None else 0
-        pad = batch - real
-        ones = torch.ones(pad, dtype=torch.int32)
-        kv_indptr = paged.kv_indptr if paged is not None else torch.zeros(1, dtype=torch.int32)
-        padded = PagedIndex(
-            qo_indptr=torch.arange(batch + 1, dtype=torch.int32),
-            kv_indptr=torch.cat([kv_indptr, kv_indptr[-1] + torch.cumsum(ones, 0, dtype=torch.int32)]),
-            kv_indices=torch.cat([paged.kv_indices if paged is not None else ones[:0], ones * self.scratch]),
-            last_page_len=torch.cat([paged.last_page_len if paged is not None else ones[:0], ones]),
-        )
-        plan(meta.attn_plan, padded, self.num_heads, self.kv_cache[:, 0], self.scale)
+    def _plan(self, wrapper: Any, paged: PagedIndex, batch: int) -> None:
+        """Plan a graph's wrapper for ``paged``'s rows, padded to its ``batch``."""
+        plan(wrapper, padded_index(paged, batch, self.scratch), self.num_heads, self.kv_cache[:, 0], self.scale)
 
     def _capture(self, batch: int, pool: object) -> _Graph:
         dev = self.kv_cache.device
@@ -127,7 +131,7 @@ class DecodeGraphs:
         meta = AttentionMetadata(num_decodes=batch, slot_blocks=self.slot_blocks[:batch],
                                  slot_offsets=self.slot_offsets[:batch], attn_plan=wrapper)
         self._pad(0, batch)
-        self._plan(meta, None, batch)
+        self._plan(wrapper, paged_index([], self.kv_cache.shape[2]), batch)
 
         def forward() -> torch.Tensor:
             return self.model(self.ids[:batch], self.positions[:batch], self.kv_cache, meta, self.backend,
@@ -142,4 +146,4 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             logits = forward()
-        return _Graph(graph, meta, logits)
+        return _Graph(graph, wrapper, logits)

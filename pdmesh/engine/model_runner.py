@@ -85,16 +85,14 @@ class ModelRunner:
             model.use_linear_plan(always_onednn=mode == "always")
         self.device = torch.device(device)
         layout = KVLayout.for_model(cfg, block_size, str(dtype).removeprefix("torch."))
-        graphed = backend if isinstance(backend, FlashInferBackend) and self.device.type == "cuda" else None
-        if cuda_graphs is None:
-            graphed = None
-        elif graphed is None and self.device.type == "cuda":
+        graphed = backend if cuda_graphs is not None and isinstance(backend, FlashInferBackend) else None
+        if cuda_graphs is not None and graphed is None and self.device.type == "cuda":
             log.warning("CUDA graphs need the flashinfer attention backend; decode steps run eagerly")
         # With graphs the pool holds one block past the scheduler's: padding rows' scratch.
         pool_blocks = num_blocks + (1 if graphed is not None else 0)
         self.kv_cache, self.kv_pages = kv_pool((pool_blocks, *layout.block_shape), dtype, self.device)
         self.graphs: DecodeGraphs | None = None
-        if graphed is not None and cuda_graphs is not None:
+        if graphed is not None and cuda_graphs is not None:  # (both: for the type checker)
             from pdmesh.engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.kv_cache, graphed, num_blocks, cuda_graphs.max_batch,
@@ -158,7 +156,7 @@ class ModelRunner:
             slot_blocks=torch.tensor(slot_blocks, device=dev),
             slot_offsets=positions % bs,
         )
-        if getattr(self.backend, "wants_paged_index", False):
+        if self.backend.wants_paged_index:
             meta.paged = paged_index([PagedRow(1, n, t) for t, n in zip(decode_tables, decode_lens)]
                                      + [PagedRow(n, ctx, t) for (_, n, ctx), t in zip(prefill_spans, prefill_tables)],
                                      bs)

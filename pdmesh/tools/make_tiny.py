@@ -151,11 +151,12 @@ def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
     arch = cfg["model_type"]
     std = float(cfg["initializer_range"])  # type: ignore[arg-type]
 
-    def normal(*shape: int, scale: float = std) -> torch.Tensor:
-        return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype).cpu()
+    def normal(*shape: int, scale: float = std, mean: float = 0.0) -> torch.Tensor:
+        draw = torch.randn(*shape, generator=g, device=device) * scale
+        return (draw + mean if mean else draw).to(dtype).cpu()  # the mean added before rounding to dtype
 
     def norm_weight(n: int) -> torch.Tensor:
-        return (1.0 + torch.randn(n, generator=g, device=device) * 0.1).to(dtype).cpu()
+        return normal(n, scale=0.1, mean=1.0)
 
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, hidden)}
     for i in range(int(cfg["num_hidden_layers"])):  # type: ignore[call-overload]

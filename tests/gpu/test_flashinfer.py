@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from pdmesh import LLM, SamplingParams
+from pdmesh.attention.flashinfer_backend import FlashInferBackend
 from tests.conftest import mixed_prompts
 from tests.gpu.near_ties import compare
 
@@ -79,7 +80,7 @@ def test_flashinfer_greedy_matches_transformers_on_cuda(small_dirs: dict[str, Pa
     prompts = mixed_prompts(10, seed=1)
     want, want_top = hf_greedy(small_dirs[arch], prompts)
     llm = LLM(str(small_dirs[arch]), dtype="bfloat16", device="cuda", num_blocks=512)
-    assert type(llm.engine.runner.backend).__name__ == "FlashInferBackend"
+    assert isinstance(llm.engine.runner.backend, FlashInferBackend)
     got, _ = run(llm, prompts)
     agreement = compare(got, want, want_top)
     print(f"{arch}: {agreement.matched}/{agreement.compared} positions equal, divergences {agreement.divergences}")

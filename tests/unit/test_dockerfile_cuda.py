@@ -108,8 +108,13 @@ def with_dependencies(names: set[str]) -> set[str]:
     return seen
 
 
+def image_packages(dockerfile: str) -> set[str]:
+    """The distributions an image built from ``dockerfile`` holds, dependencies included."""
+    return with_dependencies({_norm(re.split(r"[<>=!~\[]", r)[0]) for r in dockerfile_installs(dockerfile)})
+
+
 def test_the_cuda_image_installs_every_package_the_code_imports() -> None:
-    installed = with_dependencies({_norm(re.split(r"[<>=!~\[]", r)[0]) for r in dockerfile_installs(DOCKERFILE.read_text())})
+    installed = image_packages(DOCKERFILE.read_text())
     missing = []
     for module, where in sorted(imported_modules().items()):
         dist = provider(module)
@@ -126,5 +131,5 @@ def test_the_cuda_image_pins_the_flashinfer_of_the_gpu_extra() -> None:
 
 def test_the_check_sees_a_package_the_image_leaves_out() -> None:
     text = DOCKERFILE.read_text().replace(" fastapi", "")
-    installed = with_dependencies({_norm(re.split(r"[<>=!~\[]", r)[0]) for r in dockerfile_installs(text)})
+    installed = image_packages(text)
     assert provider("fastapi") == "fastapi" and "fastapi" not in installed

@@ -35,7 +35,7 @@ def test_flashinfer_on_a_cpu_or_in_float32_is_an_error_that_says_what_to_use() -
 
 def test_auto_on_cpu_keeps_the_cpu_backends() -> None:
     backend = build_backend("auto", "cpu", torch.float32, 64)
-    assert not getattr(backend, "wants_paged_index", False)
+    assert not backend.wants_paged_index
 
 
 def test_dtype_auto_runs_bf16_on_a_gpu_and_says_so(caplog: pytest.LogCaptureFixture) -> None:

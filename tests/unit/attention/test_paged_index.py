@@ -75,3 +75,18 @@ def test_a_mixed_step_attends_the_same_through_the_index_and_the_block_tables() 
 def test_a_row_the_kernels_cannot_read_is_refused(row: PagedRow, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         paged_index([row], BS)
+
+
+def test_a_graph_pads_its_rows_onto_the_scratch_block() -> None:
+    from pdmesh.engine.cuda_graphs import padded_index
+
+    real = paged_index([PagedRow(1, 9, [5, 6, 7]), PagedRow(1, 4, [8])], BS)
+    padded = padded_index(real, 5, scratch_block=40)
+    assert padded.qo_indptr.tolist() == [0, 1, 2, 3, 4, 5]
+    assert padded.kv_indptr.tolist() == [0, 3, 4, 5, 6, 7]
+    assert padded.kv_indices.tolist() == [5, 6, 7, 8, 40, 40, 40]
+    assert padded.last_page_len.tolist() == [1, 4, 1, 1, 1]
+    assert {t.dtype for t in (padded.qo_indptr, padded.kv_indptr, padded.kv_indices, padded.last_page_len)} == {
+        torch.int32}
+    capture = padded_index(paged_index([], BS), 2, scratch_block=40)  # what a graph is captured with
+    assert (capture.kv_indptr.tolist(), capture.kv_indices.tolist()) == ([0, 1, 2], [40, 40])

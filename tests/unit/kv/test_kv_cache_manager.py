@@ -69,3 +69,75 @@ def test_fork_shares_blocks_and_copies_on_write() -> None:
     kv.free(parent)
     kv.free(child)
     assert pool.stats().used == 0
+
+
+def test_block_table_follows_every_change_of_a_sequences_blocks() -> None:
+    """``block_table`` keeps each sequence's ids between steps; whatever happens to the
+    blocks (appends, prefix hits, copy-on-write after a fork, a duplicate swapped for the
+    cached block, trims, frees), it must equal a fresh read of them."""
+    import random
+
+    rng = random.Random(7)
+    pool = BlockPool(64)
+    kv = KVCacheManager(pool, BlockHasher(4))
+
+    def fresh(s: Sequence) -> list[int]:
+        return [b.block_id for b in kv._blocks.get(s.seq_id, ())]
+
+    live: list[Sequence] = []
+    prefix = list(range(8))
+    for step in range(400):
+        op = rng.randrange(6)
+        if op == 5:  # two prompts alike computed together: the second's blocks are swapped
+            twins = [seq(f"t{step}{i}", [rng.randrange(100, 200) for _ in range(9)]) for i in range(2)]
+            twins[1].token_ids[:] = twins[0].token_ids
+            for s in twins:
+                if kv.allocate_slots(s, s.num_tokens):
+                    kv.block_table(s)
+                    live.append(s)
+            for s in twins:
+                if s in live:
+                    s.num_computed_tokens = s.num_tokens
+                    kv.cache_blocks(s)
+        elif op == 0 or not live:  # a new prompt, often sharing a cached prefix
+            s = seq(f"s{step}", (prefix if rng.random() < 0.6 else []) + [rng.randrange(100, 200) for _ in range(5)])
+            hits = kv.get_computed_blocks(s)
+            if kv.allocate_slots(s, s.num_tokens - len(hits) * kv.block_size, hits):
+                s.num_computed_tokens = s.num_tokens
+                kv.cache_blocks(s)
+                live.append(s)
+        elif op == 1:  # a decode step
+            s = rng.choice(live)
+            kv.block_table(s)  # read before it grows, as the runner does every step
+            if kv.allocate_slots(s, 1):
+                s.token_ids.append(rng.randrange(100, 200))
+                s.num_computed_tokens = s.num_tokens
+                kv.cache_blocks(s)
+        elif op == 2:  # a fork whose next token copies the shared last block
+            parent = rng.choice(live)
+            child = seq(f"{parent.seq_id}#{step}", parent.token_ids)
+            child.num_computed_tokens = parent.num_computed_tokens
+            kv.block_table(child)
+            kv.fork(parent, child)
+            kv.block_table(child)
+            if kv.allocate_slots(child, 1):
+                child.token_ids.append(7)
+                child.num_computed_tokens = child.num_tokens
+                live.append(child)
+            else:
+                kv.free(child)
+        elif op == 3:  # drafts rejected: trim back
+            s = rng.choice(live)
+            kv.block_table(s)
+            if kv.allocate_slots(s, 5):
+                kv.trim(s, s.num_tokens)
+        else:
+            s = live.pop(rng.randrange(len(live)))
+            kv.free(s)
+            assert kv.block_table(s) == []
+        for s in live:
+            assert kv.block_table(s) == fresh(s), (step, op, s.seq_id)
+            assert kv.block_ids(s) == fresh(s) and kv.block_ids(s) is not kv.block_table(s)
+    for s in live:
+        kv.free(s)
+    assert pool.stats().used == 0 and not kv._ids

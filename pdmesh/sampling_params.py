@@ -8,6 +8,7 @@ reaches the scheduler.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -139,8 +140,9 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    @property
+    @functools.cached_property
     def max_stop_len(self) -> int:
+        """Read when every output is rendered, every step: computed once (the fields are frozen)."""
         return max((len(s) for s in self.stop), default=0)
 
     @classmethod

@@ -44,7 +44,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return len(self.seqs) == self.params.n and all(s.status.finished for s in self.seqs)
+        seqs = self.seqs
+        if len(seqs) != self.params.n:
+            return False
+        return seqs[0].status.finished if len(seqs) == 1 else all(s.status.finished for s in seqs)
 
     def new_sequence(self, tokenizer: Tokenizer, device: str, token_ids: list[int]) -> Sequence:
         """Add completion number ``len(seqs)`` with its detokenizer and, when seeded, its

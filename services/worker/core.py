@@ -236,7 +236,7 @@ class WorkerCore:
             logging.getLogger(__name__).warning("warming the NIXL connection to %s failed: %s", peer, exc)
         else:
             logging.getLogger(__name__).info(
-                "NIXL connection to %s warmed by a one-block read in %.1f ms (%d reads, the last %s)",
+                "NIXL connection to %s warmed by one-block reads in %.1f ms (%d, the last %s)",
                 peer, 1e3 * (time.perf_counter() - started), reads, "inline" if moved.inline else "polled")
         finally:
             self.aeng.call(lambda: eng.handoff.import_finish(blocks, [], [], None, ok=False))

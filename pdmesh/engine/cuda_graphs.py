@@ -70,6 +70,8 @@ class DecodeGraphs:
         self.backend = backend
         self.scratch = scratch_block
         self.max_blocks = max_blocks_per_seq
+        self.block_size = kv_cache.shape[3]
+        """The pool is ``[blocks, layers, K/V, block_size, kv_heads, head_dim]``."""
         self.num_heads = model.cfg.num_heads
         self.scale = model.cfg.head_dim ** -0.5
         self.batches = graph_batches(max_batch)
@@ -131,7 +133,7 @@ class DecodeGraphs:
         meta = AttentionMetadata(num_decodes=batch, slot_blocks=self.slot_blocks[:batch],
                                  slot_offsets=self.slot_offsets[:batch], attn_plan=wrapper)
         self._pad(0, batch)
-        self._plan(wrapper, paged_index([], self.kv_cache.shape[2]), batch)
+        self._plan(wrapper, paged_index([], self.block_size), batch)  # padding rows alone
 
         def forward() -> torch.Tensor:
             return self.model(self.ids[:batch], self.positions[:batch], self.kv_cache, meta, self.backend,

@@ -4,7 +4,9 @@ Targets: ``grpc://HOST:PORT`` (a pdmesh router; ``grpcs://`` over TLS with ``--t
 ``http://HOST:PORT`` (any OpenAI-compatible
 server), ``pdmesh:P+D[/grpc]`` and ``vllm:PEER_DIR`` (started and stopped by the benchmark,
 ``servers.py``). With ``--compare`` the two targets run alternately, ``--rounds`` times each,
-on the same prompts, and the table ends with their ratios.
+on the same prompts, and the table ends with their ratios; with several rounds, each
+round's ratio and their spread (``paired.py``). A target compared with itself (the same
+spec twice, the second shown as "(again)") measures the spread the machine alone gives.
 """
 
 from __future__ import annotations
@@ -116,14 +118,14 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
         vocab = ModelConfig.from_dir(args.model).vocab_size
     spec = WorkloadSpec(args.workload, args.num_requests, args.input_len, args.output_len, args.prefix_len,
                         args.groups, args.turns, args.file, args.seed, vocab or 1000)
-    specs = [args.target] + ([args.compare] if args.compare else [])
+    sides = [("target", args.target)] + ([("compare", args.compare)] if args.compare else [])
     rows: list[dict[str, Any]] = []
     records: dict[str, list[Record]] = {}
     runs = 0
     for rate in args.rate:
         arrivals = Arrivals(rate, args.burstiness, args.max_concurrency, args.seed)
         for rnd in range(args.rounds):
-            for target_spec in specs:
+            for side, target_spec in sides:
                 run_spec = replace(spec, seed=spec.seed + 1000 * runs) if args.fresh_prompts else spec
                 runs += 1
                 started = _start(target_spec, args)
@@ -134,8 +136,9 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
                     started.stop()  # type: ignore[operator]
                 row = summarize(recs, seconds, SLO(args.ttft_slo, args.tpot_slo))
                 row["server_cpu_s"], row["client_cpu_s"] = cpu.totals(spent)
-                rows.append({"target": target_spec, "rate": rate, "round": rnd} | row | {"cpu": spent})
-                records[f"{target_spec} @ {rate:g}"] = recs
+                name = f"{target_spec} (again)" if side == "compare" and args.compare == args.target else target_spec
+                rows.append({"target": name, "side": side, "rate": rate, "round": rnd} | row | {"cpu": spent})
+                records[f"{name} @ {rate:g}"] = recs
     print(f"\npdmesh bench serve — workload {args.workload}, {args.num_requests} requests, "
           f"in {args.input_len}, out {args.output_len}")
     print(report.table(rows))

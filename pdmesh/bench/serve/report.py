@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pdmesh.bench.serve.paired import Paired, paired
 from pdmesh.bench.serve.targets import Record
 
 COLUMNS = [("output_tok_s", "out tok/s", "{:.1f}"), ("request_s", "req/s", "{:.2f}"),
@@ -28,24 +31,52 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def ratios(rows: list[dict[str, Any]], a: str, b: str) -> list[str]:
-    """``b / a`` for throughput and ``b / a`` for latency, per rate (means over rounds)."""
-    out = []
-    for rate in sorted({r["rate"] for r in rows}):
-        def mean(t: str, key: str) -> float:
-            vals = [r[key] for r in rows if r["target"] == t and r["rate"] == rate]
-            return sum(vals) / len(vals) if vals else float("nan")
+RATIO_KEYS = (("output_tok_s", "tok/s"), ("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"))
+"""The figures a comparison reports as ratios: throughput and the two latencies users feel."""
 
-        parts = [f"{label} {mean(b, key) / mean(a, key):.2f}x" for key, label in
-                 (("output_tok_s", "tok/s"), ("ttft_p50_ms", "TTFT p50"), ("tpot_p50_ms", "TPOT p50"))]
+
+def ratios(rows: list[dict[str, Any]], a: str, b: str) -> list[str]:
+    """``b / a`` (the ``compare`` side over the ``target`` side) per rate: the ratio of
+    the means over rounds, then, with several rounds, each figure's rounds as pairs."""
+    out = []
+    for rate, figures in paired_by_rate(rows).items():
+        parts = [f"{label} {_mean(rows, 'compare', rate, key) / _mean(rows, 'target', rate, key):.2f}x"
+                 for key, label in RATIO_KEYS]
         out.append(f"rate {rate:g}: {b} / {a}: " + ", ".join(parts))
+        out += [f"  {label}, rounds as pairs: {figures[key].describe()}" for key, label in RATIO_KEYS
+                if key in figures and len(figures[key].ratios) > 1]
+    return out
+
+
+def _side(rows: list[dict[str, Any]], side: str, rate: float, key: str) -> list[float]:
+    return [r[key] for r in sorted(rows, key=lambda r: r["round"]) if r["side"] == side and r["rate"] == rate]
+
+
+def _mean(rows: list[dict[str, Any]], side: str, rate: float, key: str) -> float:
+    vals = _side(rows, side, rate, key)
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def paired_by_rate(rows: list[dict[str, Any]]) -> dict[float, dict[str, Paired]]:
+    """Per rate, each ``RATIO_KEYS`` figure's rounds as ``compare / target`` pairs; a
+    figure some round lacks (every request failed: NaN or 0) gets none rather than a
+    ratio of nothing."""
+    out: dict[float, dict[str, Paired]] = {}
+    for rate in sorted({r["rate"] for r in rows}):
+        out[rate] = {}
+        for key, _ in RATIO_KEYS:
+            a, b = _side(rows, "target", rate, key), _side(rows, "compare", rate, key)
+            if a and len(a) == len(b) and all(math.isfinite(v) and v > 0 for v in a + b):
+                out[rate][key] = paired(a, b)
     return out
 
 
 def write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]],
           records: dict[str, list[Record]]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "serve.json").write_text(json.dumps(meta | {"machine": platform.machine(), "rows": rows},
+    pairs = {f"{rate:g}": {key: asdict(p) for key, p in figures.items()}
+             for rate, figures in paired_by_rate(rows).items()} if {r["side"] for r in rows} == {"target", "compare"} else {}
+    (out / "serve.json").write_text(json.dumps(meta | {"machine": platform.machine(), "rows": rows, "paired": pairs},
                                                indent=2, default=str) + "\n")
     return [out / "serve.json", *_plots(out, rows, records)]
 

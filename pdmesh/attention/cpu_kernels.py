@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from pdmesh.attention.build_lock import build_lock
 from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
@@ -59,48 +59,26 @@ def build_tree(csrc: Path, extra_cflags: tuple[str, ...] = ()) -> ModuleType:
     """Another checkout's kernels, built as ``load`` builds these plus ``extra_cflags``
     (``-mno-avx512f``: the code an AVX2-only machine runs): for scripts that time two
     versions of a kernel side by side in one process."""
+    return _build(tree_module_name(csrc, extra_cflags), [csrc / s.name for s in SOURCES], (*CFLAGS, *extra_cflags))
+
+
+def _build(name: str, sources: list[Path], cflags: tuple[str, ...]) -> ModuleType:
+    """torch's build of ``sources`` as ``name``, one build per folder at a time
+    (``build_lock``: a build killed midway never blocks the next)."""
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
-    return build(name=tree_module_name(csrc, extra_cflags), sources=[str(csrc / s.name) for s in SOURCES],
-                 extra_cflags=[*CFLAGS, *extra_cflags], extra_ldflags=list(LDFLAGS), verbose=False)
-
-
-STALE_LOCK_S = 600.0
-"""A build lock older than this was left by a build that died (a build takes about two
-minutes on our 2-core machines)."""
-
-
-def wait_for_build_lock(build_dir: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 1.0) -> None:
-    """Return once no build holds ``build_dir``'s lock. torch's own wait for that lock has
-    no deadline, and a build killed midway (a worker stopped during its first start)
-    leaves the lock behind: every later start would hang. A lock is waited for until it
-    is ``stale_s`` old, then removed with a warning (no build takes that long), so this
-    returns within ``stale_s``."""
-    lock = build_dir / "lock"
-    while True:
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return
-        if age > stale_s:
-            log.warning("removing %s, left %.0f s ago by a kernel build that did not finish", lock, age)
-            lock.unlink(missing_ok=True)
-            return
-        time.sleep(poll_s)
+    with build_lock(Path(_get_build_directory(name, verbose=False))):
+        return build(name=name, sources=[str(s) for s in sources], extra_cflags=list(cflags),
+                     extra_ldflags=list(LDFLAGS), verbose=False)
 
 
 @functools.cache
 def load() -> ModuleType:
     """The compiled module; raises ``KernelsUnavailableError`` saying why it is not."""
-    from torch.utils.cpp_extension import _get_build_directory
-    from torch.utils.cpp_extension import load as build
-
     name = module_name(cpu_flags())
-    wait_for_build_lock(Path(_get_build_directory(name, verbose=False)))
     try:
-        module = build(name=name, sources=[str(s) for s in SOURCES],
-                       extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
-                       verbose=False)
+        module = _build(name, list(SOURCES), CFLAGS)
     except Exception as exc:  # compiler, ninja or headers missing: say which
         raise KernelsUnavailableError(f"the CPU kernels could not be built: {exc}") from exc
     log.info("loaded CPU kernels %s", name)

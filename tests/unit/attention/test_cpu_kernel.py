@@ -63,25 +63,6 @@ def test_another_trees_build_is_keyed_by_every_file_and_the_flags(tmp_path) -> N
     assert tree_module_name(a) != tree_module_name(b)
 
 
-def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_young_one_waited_for(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import os
-    import time
-
-    from pdmesh.attention.cpu_kernels import wait_for_build_lock
-
-    lock = tmp_path / "lock"
-    lock.touch()
-    old = time.time() - 700
-    os.utime(lock, (old, old))
-    wait_for_build_lock(tmp_path, stale_s=600)  # stale: removed, no wait
-    assert not lock.exists()
-    lock.touch()  # a build holding it now: waited for until it would be stale
-    start = time.monotonic()
-    wait_for_build_lock(tmp_path, stale_s=0.3, poll_s=0.05)
-    assert 0.3 <= time.monotonic() - start < 2 and not lock.exists()
-    wait_for_build_lock(tmp_path / "nothing-here")  # no lock: returns at once
-
-
 def _shared_tables(members: list[int], shared_blocks: list[int], lens: list[int], num_blocks: int,
                    seed: int) -> tuple[list[list[int]], list[list[int]]]:
     """Block tables where the sequences of each group begin with that group's shared

@@ -1,0 +1,75 @@
+"""One kernel build at a time per build folder, and none waiting on a build that died.
+
+torch's cpp_extension guards a build folder with a lock file it creates and deletes
+itself, and waits for it without a deadline. A build killed midway (``pdmesh up`` stopped
+with Ctrl-C during its first start, which builds for minutes on two cores) leaves that
+file behind, and every later start waited on it; the worker then missed its start
+deadline with nothing in its log to say why. pdmesh's builds first take an advisory
+``flock`` on a file of their own in the same folder. The kernel drops a ``flock`` when its
+holder dies, however it dies, so whoever holds ours knows that no pdmesh build is running:
+a torch lock file found then was left by a dead build and is removed at once. (A build of
+the same sources by a pdmesh older than this module takes no ``flock``; two such builds at
+once are not guarded against.)"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pdmesh.errors import PdmeshError
+
+log = logging.getLogger(__name__)
+
+BUILD_WAIT_S = 900.0
+"""How long to wait for another process's build (about three minutes on our 2-core
+machines, longer while tests run beside it)."""
+OWN_LOCK = "pdmesh-build.lock"
+TORCH_LOCK = "lock"
+
+
+class BuildLockTimeoutError(PdmeshError):
+    """Another process held the build folder for longer than any build takes."""
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, wait_s: float = BUILD_WAIT_S, poll_s: float = 0.5) -> Iterator[None]:
+    """Hold ``build_dir`` for one build: wait (at most ``wait_s``) while another live
+    process builds there, then remove a torch lock file that no live build holds."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(build_dir / OWN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _acquire(fd, build_dir, wait_s, poll_s)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())  # read by the next waiter's log line
+        stale = build_dir / TORCH_LOCK
+        if stale.exists():
+            log.warning("removing %s: a kernel build that did not finish left it (no process builds here now)",
+                        stale)
+            stale.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if not told:
+            holder = (build_dir / OWN_LOCK).read_text().strip() or "?"
+            log.info("waiting for process %s's kernel build in %s (at most %.0f s)", holder, build_dir, wait_s)
+            told = True
+        if time.monotonic() > deadline:
+            raise BuildLockTimeoutError(f"another process has held the kernel build folder {build_dir} for "
+                                        f"over {wait_s:.0f} s; if no build runs, remove {build_dir}")
+        time.sleep(poll_s)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdmesh.attention.build_lock import BUILD_MARK_ENV, BUILD_WAIT_S
 from pdmesh.engine.core_share import create_share_file
 from pdmesh.mesh_spec import (
     COLOCATED_PREFILL_BUSY_REQUESTS,
@@ -190,10 +191,12 @@ class Mesh:
                 args = [*args, flag, value]
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
+        self._build_mark(name).unlink(missing_ok=True)  # left by a process killed while it built
         log_path = self.log_dir / f"{name}.log"
         # OTEL_* variables pass through; each process names itself after its role.
         env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"),
-                   OTEL_SERVICE_NAME=f"pdmesh-{args[0]}", **{PARENT_ENV: str(os.getpid())})
+                   OTEL_SERVICE_NAME=f"pdmesh-{args[0]}", **{PARENT_ENV: str(os.getpid()),
+                                                             BUILD_MARK_ENV: str(self._build_mark(name))})
         popen = subprocess.Popen(
             [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
             stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -218,10 +221,19 @@ class Mesh:
     def processes(self) -> list[Proc]:
         return [p for p in [self.redis, *self.kvstore, *self.prefill, *self.decode, self.router] if p is not None]
 
+    def _build_mark(self, name: str) -> Path:
+        """The file a process shows while it builds pdmesh's CPU kernels (``build_lock.py``)."""
+        return self.log_dir / f"{name}.building"
+
     def _await_ready(self, proc: Proc) -> None:
-        port_file = self.log_dir / f"{proc.name}.port"
-        deadline = time.monotonic() + self.spec.start_timeout_s
-        while time.monotonic() < deadline:
+        """Until ``proc`` serves: ``start_timeout_s``, plus ``BUILD_WAIT_S`` once it shows
+        that it builds the CPU kernels (minutes on two cores, the first start after an
+        install or upgrade that skipped ``scripts/setup.sh``)."""
+        port_file, mark = self.log_dir / f"{proc.name}.port", self._build_mark(proc.name)
+        start, allowance, built = time.monotonic(), self.spec.start_timeout_s, False
+        while time.monotonic() < start + allowance:
+            if not built and mark.exists():
+                allowance, built = allowance + BUILD_WAIT_S, True
             if proc.popen.poll() is not None:
                 raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
             if port_file.is_file() and not proc.address:
@@ -232,7 +244,8 @@ class Mesh:
                     proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"{proc.name} not ready after {self.spec.start_timeout_s}s; log:\n{_tail(proc.log)}")
+        why = " (it was building pdmesh's CPU kernels)" if built else ""
+        raise RuntimeError(f"{proc.name} not ready after {allowance:g}s{why}; log:\n{_tail(proc.log)}")
 
     # -- stop -------------------------------------------------------------------------
     def stop(self, grace: float = 15.0) -> None:

@@ -25,6 +25,11 @@ from pdmesh.errors import PdmeshError
 
 log = logging.getLogger(__name__)
 
+BUILD_MARK_ENV = "PDMESH_KERNEL_BUILD_MARK"
+"""A file a process creates while it compiles the kernels or waits for another's build,
+and removes after: ``pdmesh up`` sets it per worker and gives a worker that shows it
+``BUILD_WAIT_S`` more to start, since a first build takes minutes on two cores and would
+otherwise miss the start deadline as a worker that hung."""
 BUILD_WAIT_S = 900.0
 """How long to wait for another process's build (about three minutes on our 2-core
 machines, longer while tests run beside it)."""
@@ -73,3 +78,18 @@ def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> None:
             raise BuildLockTimeoutError(f"another process has held the kernel build folder {build_dir} for "
                                         f"over {wait_s:.0f} s; if no build runs, remove {build_dir}")
         time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def build_mark(building: bool) -> Iterator[None]:
+    """Within the block, ``$PDMESH_KERNEL_BUILD_MARK`` exists if ``building`` (nothing when
+    the variable is unset: a process no launcher waits on)."""
+    mark = os.environ.get(BUILD_MARK_ENV, "")
+    if not (building and mark):
+        yield
+        return
+    Path(mark).touch()
+    try:
+        yield
+    finally:
+        Path(mark).unlink(missing_ok=True)

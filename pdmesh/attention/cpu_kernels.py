@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from pdmesh.attention.build_lock import build_lock
+from pdmesh.attention.build_lock import build_lock, build_mark
 from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
@@ -68,7 +68,11 @@ def _build(name: str, sources: list[Path], cflags: tuple[str, ...]) -> ModuleTyp
     from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
-    with build_lock(Path(_get_build_directory(name, verbose=False))):
+    build_dir = Path(_get_build_directory(name, verbose=False))
+    building = not (build_dir / f"{name}.so").exists()
+    if building:
+        log.info("building pdmesh's CPU kernels %s (once per machine, sources and torch: minutes on two cores)", name)
+    with build_mark(building), build_lock(build_dir):
         return build(name=name, sources=[str(s) for s in sources], extra_cflags=list(cflags),
                      extra_ldflags=list(LDFLAGS), verbose=False)
 

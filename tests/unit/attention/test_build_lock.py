@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from pdmesh.attention.build_lock import OWN_LOCK, TORCH_LOCK, BuildLockTimeoutError, build_lock
+from pdmesh.attention.build_lock import (
+    BUILD_MARK_ENV,
+    OWN_LOCK,
+    TORCH_LOCK,
+    BuildLockTimeoutError,
+    build_lock,
+    build_mark,
+)
 
 _HOLDER = """
 import fcntl, os, sys, time
@@ -72,3 +79,48 @@ def test_the_folder_is_free_again_after_a_build_however_it_ends(tmp_path: Path) 
             raise RuntimeError("the compiler failed")
     with build_lock(tmp_path, wait_s=0.2, poll_s=0.05):
         pass
+
+
+def test_the_build_mark_exists_only_while_a_build_runs_and_only_when_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mark = tmp_path / "decode-0.building"
+    monkeypatch.delenv(BUILD_MARK_ENV, raising=False)
+    with build_mark(True):  # no launcher waits on this process: nothing to show
+        assert not mark.exists()
+    monkeypatch.setenv(BUILD_MARK_ENV, str(mark))
+    with build_mark(False):  # the kernels are built already
+        assert not mark.exists()
+    with pytest.raises(RuntimeError):
+        with build_mark(True):
+            assert mark.exists()
+            raise RuntimeError("the compiler failed")
+    assert not mark.exists()
+
+
+def test_a_worker_that_builds_the_kernels_is_given_more_time_to_start(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real process showing the mark as a building worker does (through the variable
+    the launcher sets) is waited for ``BUILD_WAIT_S`` longer, and the error says why; one
+    that shows nothing times out at ``start_timeout_s``."""
+    from pdmesh import launcher
+
+    monkeypatch.setattr(launcher, "BUILD_WAIT_S", 2.0)
+    mesh = launcher.Mesh(launcher.MeshSpec(model="m", log_dir=str(tmp_path), start_timeout_s=0.5))
+    building = "import time\nfrom pdmesh.attention.build_lock import build_mark\nwith build_mark(True): time.sleep(60)"
+    for code, least, most, why in ((building, 2.5, 6.0, "building pdmesh's CPU kernels"),
+                                   ("import time; time.sleep(60)", 0.5, 2.0, "")):
+        env = dict(os.environ, **{BUILD_MARK_ENV: str(mesh._build_mark("prefill-0"))})
+        popen = subprocess.Popen([sys.executable, "-c", code], env=env)
+        try:
+            shown = time.monotonic() + 30  # the child's start on a loaded machine is not what is timed
+            while why and not mesh._build_mark("prefill-0").exists() and time.monotonic() < shown:
+                time.sleep(0.05)
+            start = time.monotonic()
+            with pytest.raises(RuntimeError, match="not ready after") as err:
+                mesh._await_ready(launcher.Proc("prefill-0", popen))
+            assert least <= time.monotonic() - start < most
+            assert why in str(err.value)
+        finally:
+            popen.kill()
+            popen.wait(10)
+        mesh._build_mark("prefill-0").unlink(missing_ok=True)

@@ -74,10 +74,10 @@ def paired_by_rate(rows: list[dict[str, Any]]) -> dict[float, dict[str, Paired]]
 def write(out: Path, meta: dict[str, Any], rows: list[dict[str, Any]],
           records: dict[str, list[Record]]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    pairs = {f"{rate:g}": {key: asdict(p) for key, p in figures.items()}
-             for rate, figures in paired_by_rate(rows).items()} if {r["side"] for r in rows} == {"target", "compare"} else {}
-    (out / "serve.json").write_text(json.dumps(meta | {"machine": platform.machine(), "rows": rows, "paired": pairs},
-                                               indent=2, default=str) + "\n")
+    pairs = {f"{rate:g}": {key: asdict(p) for key, p in figures.items()}  # empty without --compare
+             for rate, figures in paired_by_rate(rows).items()}
+    report = meta | {"machine": platform.machine(), "rows": rows, "paired": pairs}
+    (out / "serve.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return [out / "serve.json", *_plots(out, rows, records)]
 
 

@@ -22,6 +22,10 @@ def test_bench_serve_compares_grpc_and_http_on_a_live_mesh(mesh: Mesh, tmp_path:
     assert "out tok/s" in printed and "/ grpc://" in printed  # the table and the ratio line
     report = json.loads((out / "serve.json").read_text())
     assert len(report["rows"]) == 4  # 2 targets x 2 rates
+    assert {r["side"] for r in report["rows"]} == {"target", "compare"}
+    for rate in ("10", "40"):  # one round: one pair per rate, no interval
+        tok_s = report["paired"][rate]["output_tok_s"]
+        assert len(tok_s["ratios"]) == 1 and tok_s["low"] != tok_s["low"]  # NaN
     for row in report["rows"]:
         assert row["requests"] == row["completed"] == 6 and row["failed"] == 0
         assert 0 < row["ttft_p50_ms"] <= row["e2e_p50_ms"]

@@ -1,5 +1,5 @@
 """``pdmesh bench serve --compare --rounds N``: rounds taken as pairs, their geometric mean
-and bootstrap interval, and what the report does with a round that has no figure."""
+and Student-t interval, and what the report does with a round that has no figure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from pdmesh.bench.serve import report
-from pdmesh.bench.serve.paired import paired
+from pdmesh.bench.serve.paired import paired, t_quantile
 
 
 def test_each_round_is_a_ratio_and_the_mean_is_geometric() -> None:
@@ -16,7 +16,7 @@ def test_each_round_is_a_ratio_and_the_mean_is_geometric() -> None:
     assert p.ratios == pytest.approx((1.1, 0.9, 1.1))
     assert p.geomean == pytest.approx((1.1 * 0.9 * 1.1) ** (1 / 3))
     assert p.below_one == 1
-    assert min(p.ratios) <= p.low <= p.geomean <= p.high <= max(p.ratios)
+    assert p.low < min(p.ratios) <= p.geomean <= max(p.ratios) < p.high  # three rounds: t is wide
 
 
 def test_the_interval_narrows_with_agreeing_rounds_and_is_reproducible() -> None:
@@ -25,10 +25,25 @@ def test_the_interval_narrows_with_agreeing_rounds_and_is_reproducible() -> None
     noisy_a = [100.0, 95.0, 110.0, 90.0, 105.0, 100.0]
     noisy_b = [104.0, 92.0, 120.0, 101.0, 99.0, 108.0]
     first, again = paired(noisy_a, noisy_b), paired(noisy_a, noisy_b)
-    assert (first.low, first.high) == (again.low, again.high)  # a fixed seed: JSON can be checked
+    assert (first.low, first.high) == (again.low, again.high)  # JSON can be checked
     assert first.high - first.low > 0.02
     assert first.low < 1.0 < first.high  # one round at 0.94x and a mean of ~1.03x: not settled
     assert paired(noisy_a * 4, noisy_b * 4).high - paired(noisy_a * 4, noisy_b * 4).low < first.high - first.low
+
+
+@pytest.mark.parametrize("p, df, want", [(0.975, 1, 12.7062), (0.975, 4, 2.7764), (0.975, 15, 2.1314),
+                                         (0.975, 60, 2.0003), (0.95, 7, 1.8946)])
+def test_the_t_quantiles_are_the_tables(p: float, df: int, want: float) -> None:
+    assert t_quantile(p, df) == pytest.approx(want, abs=1e-4)
+
+
+def test_the_interval_is_students_t_on_the_log_ratios() -> None:
+    a, b = [100.0, 100.0, 100.0, 100.0], [90.0, 100.0, 110.0, 120.0]
+    logs = [math.log(y / x) for x, y in zip(a, b)]
+    mean, se = sum(logs) / 4, (sum((v - sum(logs) / 4) ** 2 for v in logs) / 3) ** 0.5 / 2
+    p = paired(a, b)
+    assert p.low == pytest.approx(math.exp(mean - 3.1824 * se), rel=1e-4)
+    assert p.high == pytest.approx(math.exp(mean + 3.1824 * se), rel=1e-4)
 
 
 def test_too_few_rounds_give_no_interval_and_say_so() -> None:

@@ -230,10 +230,10 @@ class Mesh:
         that it builds the CPU kernels (minutes on two cores, the first start after an
         install or upgrade that skipped ``scripts/setup.sh``)."""
         port_file, mark = self.log_dir / f"{proc.name}.port", self._build_mark(proc.name)
-        start, allowance, built = time.monotonic(), self.spec.start_timeout_s, False
+        start, allowance, building = time.monotonic(), self.spec.start_timeout_s, False
         while time.monotonic() < start + allowance:
-            if not built and mark.exists():
-                allowance, built = allowance + BUILD_WAIT_S, True
+            if not building and mark.exists():
+                allowance, building = allowance + BUILD_WAIT_S, True
             if proc.popen.poll() is not None:
                 raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
             if port_file.is_file() and not proc.address:
@@ -244,7 +244,7 @@ class Mesh:
                     proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
                 return
             time.sleep(0.1)
-        why = " (it was building pdmesh's CPU kernels)" if built else ""
+        why = " (it was building pdmesh's CPU kernels)" if building else ""
         raise RuntimeError(f"{proc.name} not ready after {allowance:g}s{why}; log:\n{_tail(proc.log)}")
 
     # -- stop -------------------------------------------------------------------------

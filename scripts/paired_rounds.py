@@ -26,10 +26,8 @@ def main() -> None:
             if key in figures:
                 print(f"rate {rate:g}, {label}: {figures[key].describe()}")
         if args.drop_above is not None and "output_tok_s" in figures:
-            a = [r["output_tok_s"] for r in sorted(rows, key=lambda r: r["round"])
-                 if r["side"] == "target" and r["rate"] == rate]
-            b = [r["output_tok_s"] for r in sorted(rows, key=lambda r: r["round"])
-                 if r["side"] == "compare" and r["rate"] == rate]
+            a = report.side_values(rows, "target", rate, "output_tok_s")
+            b = report.side_values(rows, "compare", rate, "output_tok_s")
             kept = [(x, y) for x, y in zip(a, b) if y / x <= args.drop_above]
             print(f"rate {rate:g}, tok/s without rounds above {args.drop_above:g}x: "
                   f"{paired([x for x, _ in kept], [y for _, y in kept]).describe()}")

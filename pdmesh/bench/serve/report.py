@@ -48,12 +48,13 @@ def ratios(rows: list[dict[str, Any]], a: str, b: str) -> list[str]:
     return out
 
 
-def _side(rows: list[dict[str, Any]], side: str, rate: float, key: str) -> list[float]:
+def side_values(rows: list[dict[str, Any]], side: str, rate: float, key: str) -> list[float]:
+    """``key`` of one side's runs at ``rate``, in round order (a pair's two halves line up)."""
     return [r[key] for r in sorted(rows, key=lambda r: r["round"]) if r["side"] == side and r["rate"] == rate]
 
 
 def _mean(rows: list[dict[str, Any]], side: str, rate: float, key: str) -> float:
-    vals = _side(rows, side, rate, key)
+    vals = side_values(rows, side, rate, key)
     return sum(vals) / len(vals) if vals else float("nan")
 
 
@@ -65,7 +66,7 @@ def paired_by_rate(rows: list[dict[str, Any]]) -> dict[float, dict[str, Paired]]
     for rate in sorted({r["rate"] for r in rows}):
         out[rate] = {}
         for key, _ in RATIO_KEYS:
-            a, b = _side(rows, "target", rate, key), _side(rows, "compare", rate, key)
+            a, b = side_values(rows, "target", rate, key), side_values(rows, "compare", rate, key)
             if a and len(a) == len(b) and all(math.isfinite(v) and v > 0 for v in a + b):
                 out[rate][key] = paired(a, b)
     return out

@@ -166,6 +166,32 @@ def bench_kv_transfer(args: argparse.Namespace, rows: list[Row], prompts: list[l
                     note="a mesh writes each request into blocks not written just before"))
     rows.append(Row("kv transfer", f"raw NIXL GiB/s ({per_request}-block writes, 2 processes)", raw))
     rows.append(Row("kv transfer", f"raw NIXL GiB/s ({per_request}-block writes, fresh blocks each)", fresh))
+    _copy_floor_rows(rows, infos[0].kv_block_bytes, per_request, mesh_gib_s)
+
+
+def _copy_floor_rows(rows: list[Row], block_bytes: int, blocks: int, mesh_gib_s: float) -> None:
+    """The same blocks copied by one core in its own memory (``copy_rates.py``), which says
+    what the copy under a mesh's write can reach: UCX's ``cma`` copies with plain stores,
+    which read each destination line before writing it unless it is in cache. A host that
+    cannot build the copies says why instead of giving figures."""
+    from pdmesh.bench.copy_rates import CopyRatesUnavailable, copy_gib_s
+
+    try:
+        both_cached = copy_gib_s(block_bytes, blocks)
+        src_cached = copy_gib_s(block_bytes, blocks, fresh_dst=True)
+        plain = copy_gib_s(block_bytes, blocks, fresh_src=True, fresh_dst=True)
+        streamed = copy_gib_s(block_bytes, blocks, streamed=True, fresh_src=True, fresh_dst=True)
+    except CopyRatesUnavailable as e:
+        print(f"kv transfer: one-core copies not measured: {e}")
+        return
+    section = "kv transfer: a copy, no NIXL"
+    rows.append(Row(section, "mesh KV write GiB/s vs plain stores, fresh blocks", mesh_gib_s, plain,
+                    note="what cma's copy is: each line read before it is written"))
+    rows.append(Row(section, "plain stores GiB/s, source in cache, fresh destination", src_cached, both_cached,
+                    note="vs both ends in cache: the most any write into a fresh reservation gets"))
+    rows.append(Row(section, "non-temporal stores GiB/s, fresh blocks", streamed, plain,
+                    note="vs plain stores: no read before the write, which the kernel's copy does not do"))
+
 
 
 def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:

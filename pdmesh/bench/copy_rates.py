@@ -1,0 +1,107 @@
+"""How fast one core copies KV blocks within its own memory: the floor under the mesh's
+KV writes, beside raw NIXL's ceilings (``raw_nixl.py``).
+
+On one host NIXL's UCX moves a write with ``cma``: the kernel's ``process_vm_writev``
+copies the blocks with plain stores, and a plain store to a line that is not in cache
+reads it from memory first. A mesh writes a request's blocks into a reservation no recent
+write touched, so every destination line is read before it is written; raw NIXL rewriting
+the same blocks finds them in cache and skips that read. These rates measure the two
+kinds of store on blocks of the same size and memory (``kv_pool``), without NIXL:
+
+- plain stores into blocks not in cache: what any copy through ``cma`` can reach;
+- plain stores from blocks in cache into blocks not in cache: the most a write of blocks
+  just computed could reach through ``cma`` (a write per layer, as each layer's KV is
+  made), against the same copy with both ends in cache, which is what raw NIXL rewriting
+  the same blocks measures;
+- non-temporal stores into blocks not in cache: what a copy that writes whole lines
+  without reading them reaches. Only a writer that maps the destination itself can issue those (UCX with
+  ``xpmem``, which our hosts lack); the kernel's copy does not.
+
+The copies are C (``csrc/copy_rates.c``) built with the host's C compiler at first use,
+so that no library's ``memcpy`` picks streaming stores on its own above some size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("csrc") / "copy_rates.c"
+_ROUNDS_SAME = 20
+"""Copies of the same blocks timed (the first, which faults nothing in but may miss, is not)."""
+
+
+class CopyRatesUnavailable(RuntimeError):
+    """This host cannot build the copies: not x86-64, or no C compiler."""
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise CopyRatesUnavailable(f"the copies are x86-64 (SSE2) code; this host is {platform.machine()}")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise CopyRatesUnavailable("no C compiler (cc or gcc) on PATH to build the copies")
+    source = _SOURCE.read_bytes()
+    out = Path(tempfile.gettempdir()) / f"pdmesh-copy-rates-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if not out.exists():
+        # Built under a private name and renamed, so a concurrent build never loads half a file.
+        with tempfile.TemporaryDirectory() as tmp:
+            built = Path(tmp) / out.name
+            done = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(built)],
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode:
+                raise CopyRatesUnavailable(f"{cc} could not build {_SOURCE.name}: {done.stderr.strip()[:500]}")
+            shutil.move(built, out)
+    lib = ctypes.CDLL(str(out))
+    for name in ("pdmesh_copy_stored", "pdmesh_copy_streamed"):
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        getattr(lib, name).restype = None
+    return lib
+
+
+def copy_blocks(dst: int, src: int, nbytes: int, streamed: bool) -> None:
+    """Copy ``nbytes`` (a multiple of 64, both addresses 16-byte aligned) from ``src`` to
+    ``dst`` with plain or non-temporal stores."""
+    if nbytes % 64 or dst % 16 or src % 16:
+        raise ValueError(f"copy_blocks needs 64-byte multiples at 16-byte aligned addresses, not "
+                         f"{nbytes} bytes at {dst:#x} from {src:#x}")
+    lib = _library()
+    (lib.pdmesh_copy_streamed if streamed else lib.pdmesh_copy_stored)(dst, src, nbytes)
+
+
+def copy_gib_s(block_bytes: int, blocks: int, streamed: bool = False,
+               fresh_src: bool = False, fresh_dst: bool = False) -> float:
+    """GiB/s of ``blocks``-block copies, a block at a time as NIXL's descriptors are.
+    ``fresh_src`` / ``fresh_dst``: each copy reads / writes blocks no earlier copy touched,
+    across pools of ``FRESH_WRITES`` copies' blocks (larger than any cache of ours), else
+    the same blocks each time, which stay in cache. The same shapes and memory as
+    ``raw_nixl_gib_s``; its ``fresh`` is both at once."""
+    import torch
+
+    from pdmesh.bench.raw_nixl import FRESH_WRITES
+    from pdmesh.engine.kv_pool import kv_pool
+
+    _library()  # fail before allocating
+    fresh = fresh_src or fresh_dst
+    rounds = FRESH_WRITES if fresh else _ROUNDS_SAME
+    pool_blocks = blocks * (rounds + 1) if fresh else blocks
+    src, _ = kv_pool((pool_blocks, block_bytes // 4), torch.float32, torch.device("cpu"))
+    dst, _ = kv_pool((pool_blocks, block_bytes // 4), torch.float32, torch.device("cpu"))
+    src.normal_()
+    seconds = 0.0
+    for i in range(rounds + 1):  # the first is not counted, as raw NIXL's first write is not
+        s0, d0 = (i * blocks if fresh_src else 0), (i * blocks if fresh_dst else 0)
+        t0 = time.perf_counter()
+        for b in range(blocks):
+            copy_blocks(dst[d0 + b].data_ptr(), src[s0 + b].data_ptr(), block_bytes, streamed)
+        if i:
+            seconds += time.perf_counter() - t0
+    return rounds * blocks * block_bytes / seconds / 2**30

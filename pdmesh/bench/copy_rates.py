@@ -17,7 +17,7 @@ kinds of store on blocks of the same size and memory (``kv_pool``), without NIXL
   without reading them reaches. Only a writer that maps the destination itself can issue those (UCX with
   ``xpmem``, which our hosts lack); the kernel's copy does not.
 
-The copies are C (``csrc/copy_rates.c``) built with the host's C compiler at first use,
+The copies are C (``csrc/copy_rates.c``) built with the host's C compiler at first use in a process,
 so that no library's ``memcpy`` picks streaming stores on its own above some size.
 """
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import platform
 import shutil
 import subprocess
@@ -36,6 +35,11 @@ from pathlib import Path
 _SOURCE = Path(__file__).with_name("csrc") / "copy_rates.c"
 _ROUNDS_SAME = 20
 """Copies of the same blocks timed (the first, which faults nothing in but may miss, is not)."""
+
+
+_BUILD_S = 120.0
+"""A file of a few dozen lines builds in well under a second; a compiler still busy after
+this is stuck."""
 
 
 class CopyRatesUnavailable(RuntimeError):
@@ -49,18 +53,18 @@ def _library() -> ctypes.CDLL:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise CopyRatesUnavailable("no C compiler (cc or gcc) on PATH to build the copies")
-    source = _SOURCE.read_bytes()
-    out = Path(tempfile.gettempdir()) / f"pdmesh-copy-rates-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if not out.exists():
-        # Built under a private name and renamed, so a concurrent build never loads half a file.
-        with tempfile.TemporaryDirectory() as tmp:
-            built = Path(tmp) / out.name
+    # Built afresh in a private folder once per process (well under a second) and loaded
+    # before the folder goes: nothing shared in /tmp that another user could have put there.
+    with tempfile.TemporaryDirectory(prefix="pdmesh-copy-rates-") as tmp:
+        built = Path(tmp) / "copy_rates.so"
+        try:
             done = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(built)],
-                                  capture_output=True, text=True, timeout=120)
-            if done.returncode:
-                raise CopyRatesUnavailable(f"{cc} could not build {_SOURCE.name}: {done.stderr.strip()[:500]}")
-            shutil.move(built, out)
-    lib = ctypes.CDLL(str(out))
+                                  capture_output=True, text=True, timeout=_BUILD_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise CopyRatesUnavailable(f"{cc} could not build {_SOURCE.name}: {e}") from e
+        if done.returncode:
+            raise CopyRatesUnavailable(f"{cc} could not build {_SOURCE.name}: {done.stderr.strip()[:500]}")
+        lib = ctypes.CDLL(str(built))
     for name in ("pdmesh_copy_stored", "pdmesh_copy_streamed"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         getattr(lib, name).restype = None

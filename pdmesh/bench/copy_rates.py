@@ -14,11 +14,12 @@ kinds of store on blocks of the same size and memory (``kv_pool``), without NIXL
   made), against the same copy with both ends in cache, which is what raw NIXL rewriting
   the same blocks measures;
 - non-temporal stores into blocks not in cache: what a copy that writes whole lines
-  without reading them reaches. Only a writer that maps the destination itself can issue those (UCX with
-  ``xpmem``, which our hosts lack); the kernel's copy does not.
+  without reading them reaches. Only a writer that maps the destination itself can issue
+  those (UCX with ``xpmem``, which our hosts lack); the kernel's copy does not.
 
-The copies are C (``csrc/copy_rates.c``) built with the host's C compiler at first use in a process,
-so that no library's ``memcpy`` picks streaming stores on its own above some size.
+The copies are C (``csrc/copy_rates.c``) built with the host's C compiler at first use in
+a process, so that no library's ``memcpy`` picks streaming stores on its own above some
+size.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from pathlib import Path
 _SOURCE = Path(__file__).with_name("csrc") / "copy_rates.c"
 _ROUNDS_SAME = 20
 """Copies of the same blocks timed (the first, which faults nothing in but may miss, is not)."""
-
-
 _BUILD_S = 120.0
 """A file of a few dozen lines builds in well under a second; a compiler still busy after
 this is stuck."""

@@ -193,7 +193,6 @@ def _copy_floor_rows(rows: list[Row], block_bytes: int, blocks: int, mesh_gib_s:
                     note="vs plain stores: no read before the write, which the kernel's copy does not do"))
 
 
-
 def bench_policies(args: argparse.Namespace, rows: list[Row], rng: random.Random) -> None:
     groups, per, prefix_len = (4, 4, 256) if args.quick else (8, 8, 1024)
     prefixes = [[rng.randrange(10, 1000) for _ in range(prefix_len)] for _ in range(groups)]

@@ -24,6 +24,10 @@ MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 512
 MAX_STOP_TOKEN_IDS = 1024
 MAX_CACHE_SALT_CHARS = 512
+_INT32_MAX = 2**31 - 1
+_UINT32_MAX = 2**32 - 1
+"""The widest values the wire's fields hold (``common.proto``: ``top_k`` int32, token ids
+and ``max_tokens`` uint32): a larger one is refused here, not by protobuf mid-request."""
 """Bounds on what one request may ask for, so no request makes a worker do unbounded work."""
 
 
@@ -91,7 +95,7 @@ class SamplingParams:
         _finite("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        _int_range("top_k", self.top_k, 0, None, "0 or -1 disables it")
+        _int_range("top_k", self.top_k, 0, _INT32_MAX, "0 or -1 disables it")
         _finite("min_p", self.min_p)
         if not 0 <= self.min_p <= 1:
             raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
@@ -107,7 +111,7 @@ class SamplingParams:
             )
         if self.seed is not None:
             _int_range("seed", self.seed, -(2**63), 2**63 - 1)
-        _int_range("max_tokens", self.max_tokens, 1, None)
+        _int_range("max_tokens", self.max_tokens, 1, _UINT32_MAX)
         _int_range("min_tokens", self.min_tokens, 0, self.max_tokens, "and <= max_tokens")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
@@ -121,7 +125,7 @@ class SamplingParams:
             raise InvalidRequestError("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids, "
                                       f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
-            _int_range("stop_token_ids", t, 0, None)
+            _int_range("stop_token_ids", t, 0, _UINT32_MAX)
         if self.cache_salt is not None and len(self.cache_salt) > MAX_CACHE_SALT_CHARS:
             raise InvalidRequestError("cache_salt", f"at most {MAX_CACHE_SALT_CHARS} characters, "
                                       f"got {len(self.cache_salt)}")

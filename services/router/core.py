@@ -115,7 +115,7 @@ class RouterCore:
         if not prompt:
             raise InvalidRequestError("token_ids", "must contain at least one token id")
         vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt if t >= vocab), None)
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequestError("token_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
         return list(prompt)

@@ -11,9 +11,11 @@ from pdmesh.sampling_params import SamplingParams
         ({"temperature": float("nan")}, "temperature", "finite"),
         ({"top_p": 0.0}, "top_p", "(0, 1]"),
         ({"top_p": 1.5}, "top_p", "(0, 1]"),
-        ({"top_k": -2}, "top_k", "[0, inf]"),
+        ({"top_k": -2}, "top_k", "[0, 2147483647]"),
+        ({"top_k": 2**31}, "top_k", "[0, 2147483647]"),  # the wire's int32
         ({"min_p": 1.5}, "min_p", "[0, 1]"),
-        ({"max_tokens": 0}, "max_tokens", "[1, inf]"),
+        ({"max_tokens": 0}, "max_tokens", "[1, 4294967295]"),
+        ({"max_tokens": 2**32}, "max_tokens", "[1, 4294967295]"),  # the wire's uint32
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "<= max_tokens"),
         ({"presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
         ({"frequency_penalty": -2.5}, "frequency_penalty", "[-2, 2]"),
@@ -21,7 +23,8 @@ from pdmesh.sampling_params import SamplingParams
         ({"n": 0}, "n", "[1, 64]"),
         ({"logprobs": 21}, "logprobs", "[0, 20]"),
         ({"stop": ("",)}, "stop", "non-empty"),
-        ({"stop_token_ids": (-1,)}, "stop_token_ids", "[0, inf]"),
+        ({"stop_token_ids": (-1,)}, "stop_token_ids", "[0, 4294967295]"),
+        ({"stop_token_ids": (2**40,)}, "stop_token_ids", "[0, 4294967295]"),
         ({"output_kind": "everything"}, "output_kind", "'delta'"),
         ({"max_tokens": 1.5}, "max_tokens", "integer"),
         ({"temperatur": 0.5}, "temperatur", "unknown sampling option"),

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pdmesh.errors import PdmeshError
+from pdmesh.errors import InvalidRequestError, PdmeshError
 from services.router.core import RouterCore
 from services.router.http import convert
 from services.router.http.errors import HTTPError, error_response, status_of
@@ -33,6 +33,9 @@ from services.router.http.schemas import (
 
 def _validation_error(exc: RequestValidationError) -> HTTPError:
     first = exc.errors()[0] if exc.errors() else {}
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidRequestError):  # raised by a schema's own check, naming its field
+        return HTTPError(400, str(cause), cause.field)
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid":
         return HTTPError(400, f"the body is not valid JSON: {first.get('msg', '')}")

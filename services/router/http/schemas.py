@@ -8,15 +8,92 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pdmesh.errors import InvalidRequestError
+
+
+def _unicode_only(data: Any, path: str = "") -> None:
+    """JSON may spell a lone UTF-16 surrogate (``"\\ud800"``), which Python decodes into a
+    ``str`` that no tokenizer, protobuf field or gRPC header can take: refused here, with
+    the field it is in, rather than failing deep in the request."""
+    if isinstance(data, str):
+        try:
+            data.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidRequestError(path or "body", f"is not valid Unicode text: a lone surrogate "
+                                      f"{data[e.start]!r} at character {e.start}") from None
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            _unicode_only(key, path or "body")
+            _unicode_only(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _unicode_only(value, f"{path}[{i}]")
+
+
+class _Body(BaseModel):
+    """A request body: unknown fields ignored, every string in it valid Unicode."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_text(cls, data: Any) -> Any:
+        _unicode_only(data)
+        return data
+
+
+_UNSUPPORTED = {
+    "logit_bias": "per-token logit biases",
+    "best_of": "best-of-n selection (ask for n completions instead)",
+    "response_format": "structured output (JSON mode or a JSON schema)",
+    "tools": "tool calling", "tool_choice": "tool calling",
+    "functions": "function calling", "function_call": "function calling",
+    "guided_json": "guided decoding", "guided_regex": "guided decoding", "guided_choice": "guided decoding",
+    "guided_grammar": "guided decoding", "structured_outputs": "guided decoding",
+    "prompt_logprobs": "prompt logprobs",
+    "truncate_prompt_tokens": "prompt truncation (send a shorter prompt)",
+    "logits_processors": "custom logits processors",
+}
+"""Fields of OpenAI's API (or vLLM's extras) that would change what is generated and that
+pdmesh does not implement. Unknown fields are ignored, but ignoring one of these would
+hand back output the caller did not ask for (free text for a JSON schema, unbiased
+tokens), so a value that asks for the feature is a 400 naming the field."""
+
+
+def _asks_for(name: str, value: Any, data: dict[str, Any]) -> bool:
+    """Whether ``value`` turns the feature on: unset, empty and the API's own "off"
+    values (``response_format`` text, ``tool_choice`` none, ``best_of`` equal to n) do not."""
+    if value is None or value == {} or value == [] or value is False:
+        return False
+    if name == "response_format":
+        return not (isinstance(value, dict) and value.get("type") == "text")
+    if name in ("tool_choice", "function_call"):
+        return value not in ("none", "auto")  # auto without tools picks none
+    if name == "best_of":
+        return value != data.get("n", 1)
+    return True
+
+
+def _supported_only(data: Any) -> None:
+    if not isinstance(data, dict):
+        return
+    for name, feature in _UNSUPPORTED.items():
+        if name in data and _asks_for(name, data[name], data):
+            raise InvalidRequestError(name, f"{feature} is not supported by pdmesh; leave {name} unset")
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Sampling(_Body):
+    @model_validator(mode="before")
+    @classmethod
+    def _check_features(cls, data: Any) -> Any:
+        _supported_only(data)
+        return data
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -67,9 +144,7 @@ class ChatCompletionRequest(_Sampling):
     add_generation_prompt: bool = True
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -77,8 +152,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]

@@ -110,3 +110,61 @@ def test_a_body_beyond_the_limit_is_413_before_it_is_read(llama_dir: Path) -> No
     body = {"model": llama_dir.name, "prompt": "x" * (9 * 2**20)}
     [(status, payload, _)] = run(llama_dir, [("POST", "/v1/completions", body, {})])
     assert status == 413 and "max-request-mb" in payload["error"]["message"]
+
+
+def test_values_json_allows_but_nothing_downstream_takes_are_400s(llama_dir: Path) -> None:
+    """Found by throwing odd bodies at a live mesh: each of these was a 500 (a lone UTF-16
+    surrogate reached the tokenizer, protobuf or a gRPC header; a number too wide for its
+    protobuf field; a negative token id)."""
+    m, hi = str(llama_dir), {"role": "user", "content": "hi"}
+    lone = "a\ud800b"
+    cases = [
+        ("/v1/completions", {"model": m, "prompt": lone}, "prompt"),
+        ("/v1/completions", {"model": m, "prompt": ["ok", lone]}, "prompt[1]"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "stop": lone}, "stop"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "stop": ["x", lone]}, "stop[1]"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "cache_salt": lone}, "cache_salt"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "request_id": lone}, "request_id"),
+        ("/v1/completions", {"model": m, "prompt": "hi", lone: 1}, "body"),  # even a field's name
+        ("/v1/chat/completions", {"model": m, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": lone}]}]}, "messages[0].content[0].text"),
+        ("/tokenize", {"prompt": lone}, "prompt"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "top_k": 2**31}, "top_k"),
+        ("/v1/chat/completions", {"model": m, "messages": [hi], "top_k": 2**63}, "top_k"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "stop_token_ids": [2**40]}, "stop_token_ids"),
+        ("/v1/completions", {"model": m, "prompt": [-5]}, "prompt"),
+        ("/v1/completions", {"model": m, "prompt": [-5], "stream": True}, "prompt"),
+        ("/detokenize", {"tokens": [-1]}, "token_ids"),
+    ]
+    results = run(llama_dir, [("POST", path, body, {}) for path, body, _ in cases])
+    for (_, body, param), (status, payload, _) in zip(cases, results):
+        assert status == 400, (body, payload)
+        err = payload["error"]
+        assert err["type"] == "BadRequestError" and (err["param"] == param or param in err["message"]), payload
+
+
+def test_features_pdmesh_lacks_are_refused_not_ignored(llama_dir: Path) -> None:
+    """Ignoring a logit bias or a JSON schema would return output the caller did not ask
+    for: 400 naming the field. Their "off" values pass (to the 503 of a mesh without workers)."""
+    m, hi = str(llama_dir), [{"role": "user", "content": "hi"}]
+    refused = [
+        ("/v1/completions", {"model": m, "prompt": "hi", "logit_bias": {"5": 100}}, "logit_bias"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "best_of": 3}, "best_of"),
+        ("/v1/chat/completions", {"model": m, "messages": hi, "response_format": {"type": "json_object"}},
+         "response_format"),
+        ("/v1/chat/completions", {"model": m, "messages": hi, "tools": [{"type": "function"}]}, "tools"),
+        ("/v1/chat/completions", {"model": m, "messages": hi, "tool_choice": "required"}, "tool_choice"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "guided_regex": "a+"}, "guided_regex"),
+        ("/v1/completions", {"model": m, "prompt": "hi", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ]
+    off = [
+        ("/v1/completions", {"model": m, "prompt": "hi", "logit_bias": {}, "best_of": 2, "n": 2}),
+        ("/v1/chat/completions", {"model": m, "messages": hi, "response_format": {"type": "text"},
+                                  "tools": [], "tool_choice": "none"}),
+    ]
+    results = run(llama_dir, [("POST", path, body, {}) for path, body, *_ in refused + off])
+    for (_, body, param), (status, payload, _) in zip(refused, results):
+        assert status == 400 and payload["error"]["param"] == param, (body, payload)
+        assert "not supported by pdmesh" in payload["error"]["message"]
+    for (_, body), (status, payload, _) in zip(off, results[len(refused):]):
+        assert status == 503, (body, payload)  # accepted; no worker to run it here

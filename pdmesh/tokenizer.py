@@ -9,6 +9,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from pdmesh.chat_template import ChatTemplate, token_text
 from pdmesh.errors import UnsupportedModelError
 
 
@@ -23,7 +24,7 @@ class Tokenizer:
         self._tok = _HFTokenizer.from_file(str(file))
         cfg_file = path / "tokenizer_config.json"
         self.config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-        self.chat_template: str | None = self.config.get("chat_template")
+        self._chat = ChatTemplate(path, self.config)
         self.eos_token_id = self._special_id("eos_token")
         self.bos_token_id = self._special_id("bos_token")
         self.special_ids = frozenset(
@@ -31,10 +32,13 @@ class Tokenizer:
         )
 
     def _special_id(self, key: str) -> int | None:
-        value = self.config.get(key)
-        if isinstance(value, dict):
-            value = value.get("content")
+        value = token_text(self.config.get(key))
         return self._tok.token_to_id(value) if value else None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template chat requests render with (``chat_template.py`` says where it is found)."""
+        return self._chat.source
 
     @property
     def vocab_size(self) -> int:
@@ -51,18 +55,7 @@ class Tokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        """Render ``messages`` with the folder's Jinja chat template."""
-        if not self.chat_template:
-            raise UnsupportedModelError("this tokenizer has no chat_template")
-        import jinja2.sandbox
-
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        template = env.from_string(self.chat_template)
-        return template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.config.get("bos_token", ""),
-            eos_token=self.config.get("eos_token", ""),
-        )
+        """Render ``messages`` with the folder's chat template, as ``transformers`` would."""
+        return self._chat.render(messages, add_generation_prompt)

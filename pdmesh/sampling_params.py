@@ -24,11 +24,11 @@ MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 512
 MAX_STOP_TOKEN_IDS = 1024
 MAX_CACHE_SALT_CHARS = 512
+"""Bounds on what one request may ask for, so no request makes a worker do unbounded work."""
 _INT32_MAX = 2**31 - 1
 _UINT32_MAX = 2**32 - 1
 """The widest values the wire's fields hold (``common.proto``: ``top_k`` int32, token ids
 and ``max_tokens`` uint32): a larger one is refused here, not by protobuf mid-request."""
-"""Bounds on what one request may ask for, so no request makes a worker do unbounded work."""
 
 
 @dataclass(frozen=True)

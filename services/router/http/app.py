@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdmesh.errors import InvalidRequestError, PdmeshError
 from services.router.core import RouterCore
@@ -83,6 +84,14 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The framework's own refusals (a body it cannot parse, an unknown route, a wrong
+        # method) in OpenAI's error shape like every other error, not {"detail": ...}.
+        response = error_response(HTTPError(exc.status_code, str(exc.detail)))
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
 
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return error_response(status_of(exc))

@@ -13,23 +13,26 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pdmesh.errors import InvalidRequestError
 
 
-def _unicode_only(data: Any, path: str = "") -> None:
+def _unicode_only(data: Any) -> None:
     """JSON may spell a lone UTF-16 surrogate (``"\\ud800"``), which Python decodes into a
     ``str`` that no tokenizer, protobuf field or gRPC header can take: refused here, with
-    the field it is in, rather than failing deep in the request."""
-    if isinstance(data, str):
-        try:
-            data.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidRequestError(path or "body", f"is not valid Unicode text: a lone surrogate "
-                                      f"{data[e.start]!r} at character {e.start}") from None
-    elif isinstance(data, dict):
-        for key, value in data.items():
-            _unicode_only(key, path or "body")
-            _unicode_only(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            _unicode_only(value, f"{path}[{i}]")
+    the field it is in, rather than failing deep in the request. Walked with a list, not
+    recursion: a body nested as deep as the JSON parser allows must not exhaust the stack."""
+    todo: list[tuple[str, Any]] = [("", data)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidRequestError(path or "body", f"is not valid Unicode text: a lone surrogate "
+                                          f"{value[e.start]!r} at character {e.start}") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                todo.append((path or "body", key))
+                todo.append((f"{path}.{key}" if path else str(key), item))
+        elif isinstance(value, list):
+            todo.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
 
 
 class _Body(BaseModel):

@@ -168,3 +168,18 @@ def test_features_pdmesh_lacks_are_refused_not_ignored(llama_dir: Path) -> None:
         assert "not supported by pdmesh" in payload["error"]["message"]
     for (_, body), (status, payload, _) in zip(off, results[len(refused):]):
         assert status == 503, (body, payload)  # accepted; no worker to run it here
+
+
+def test_the_frameworks_own_refusals_have_openais_shape(llama_dir: Path) -> None:
+    """An unparseable body (here nested deeper than the JSON parser goes), an unknown route
+    and a wrong method: each its status, in the same error JSON as every other error."""
+    deep = '{"model": "m", "prompt": "hi", "x": ' + "[" * 100_000 + "1" + "]" * 100_000 + "}"
+    (s1, p1, _), (s2, p2, _), (s3, p3, h3) = run(llama_dir, [
+        ("POST", "/v1/completions", deep, {}),
+        ("GET", "/v1/nothing", None, {}),
+        ("GET", "/v1/completions", None, {}),
+    ])
+    assert (s1, s2, s3) == (400, 404, 405)
+    for payload in (p1, p2, p3):
+        assert set(payload["error"]) == {"message", "type", "param", "code"} and payload["error"]["message"]
+    assert h3.get("Allow") == "POST"

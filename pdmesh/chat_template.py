@@ -82,8 +82,10 @@ class ChatTemplate:
             except jinja2.TemplateSyntaxError as e:
                 raise UnsupportedModelError(f"the model's chat template does not compile: {e}") from e
         try:
-            return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **self._specials)
+            # tools and documents are passed, as None, as transformers passes them: a template
+            # may test ``tools is defined`` and must take the same branch here.
+            return self._compiled.render(messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **self._specials)
         except jinja2.TemplateError as e:  # raise_exception, or a message the template cannot read
             raise InvalidRequestError("messages", f"the model's chat template refused them: {e}") from e
 

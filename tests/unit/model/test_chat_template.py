@@ -23,7 +23,8 @@ HUB_LIKE = (
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
     "{% if m['role'] == 'stop' %}{% break %}{% endif %}{% set ns.n = ns.n + 1 %}"
     "[{{ m['role'] }}] {{ m['content'] | tojson }}{{ eos_token }}\n"
-    "{% endfor %}{{ ns.n }}{% if add_generation_prompt %}[assistant]{% endif %}"
+    "{% endfor %}{{ ns.n }}{% if tools is defined %}(tools {{ tools }}){% endif %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
 MESSAGES: list[list[dict[str, Any]]] = [
     [{"role": "user", "content": "hello"}],

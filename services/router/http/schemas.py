@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pdmesh.errors import InvalidRequestError
 
 
+_SCALARS = {int, float, bool, type(None)}
+
+
 def _unicode_only(data: Any) -> None:
     """JSON may spell a lone UTF-16 surrogate (``"\\ud800"``), which Python decodes into a
     ``str`` that no tokenizer, protobuf field or gRPC header can take: refused here, with
@@ -31,8 +34,8 @@ def _unicode_only(data: Any) -> None:
             for key, item in value.items():
                 todo.append((path or "body", key))
                 todo.append((f"{path}.{key}" if path else str(key), item))
-        elif isinstance(value, list):
-            todo.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, list) and not set(map(type, value)) <= _SCALARS:  # token ids: no walk
+            todo.extend((f"{path}[{i}]", item) for i, item in enumerate(value) if type(item) not in _SCALARS)
 
 
 class _Body(BaseModel):

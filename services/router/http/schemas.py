@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pdmesh.errors import InvalidRequestError
 
-
 _SCALARS = {int, float, bool, type(None)}
+"""What JSON numbers, booleans and null become: nothing in them to check."""
 
 
 def _unicode_only(data: Any) -> None:

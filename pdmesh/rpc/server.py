@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from pdmesh.errors import InvalidRequestError
+from pdmesh.errors import BindError, InvalidRequestError
 from pdmesh.rpc.status import message_for, status_for
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.tls import configure as configure_tls
@@ -159,10 +159,14 @@ def create_server(
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(interceptors=[*interceptors, ErrorMappingInterceptor()], options=options)
     configure_tls(tls)
-    port = (server.add_secure_port(address, tls.server_credentials(require_client_cert)) if tls is not None
-            else server.add_insecure_port(address))
+    try:  # grpcio raises RuntimeError where it once returned 0
+        port = (server.add_secure_port(address, tls.server_credentials(require_client_cert)) if tls is not None
+                else server.add_insecure_port(address))
+    except RuntimeError:
+        port = 0
     if port == 0:
-        raise OSError(f"cannot bind gRPC server to {address}")
+        raise BindError(f"cannot listen on {address}: the port is taken, or the address is not this "
+                        "machine's (pick another --port, or 0 for any free one)")
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]

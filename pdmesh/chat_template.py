@@ -64,10 +64,7 @@ class ChatTemplate:
         self.source: str | None = templates.get("default")
         if self.source is None and len(templates) == 1:
             self.source = next(iter(templates.values()))
-        self._missing = (
-            f"{path} has chat templates named {sorted(templates)} and none named 'default'" if templates
-            else f"{path} has no chat template ({TEMPLATE_FILE} or chat_template in tokenizer_config.json)"
-        )
+        self._path, self._names = path, sorted(templates)
         self._specials = {name: text for name in SPECIAL_TOKENS if (text := token_text(config.get(name)))}
         self._compiled: Any = None
 
@@ -75,7 +72,9 @@ class ChatTemplate:
         import jinja2
 
         if self.source is None:
-            raise UnsupportedModelError(self._missing)
+            raise UnsupportedModelError(
+                f"{self._path} has chat templates named {self._names} and none named 'default'" if self._names
+                else f"{self._path} has no chat template ({TEMPLATE_FILE} or chat_template in tokenizer_config.json)")
         if self._compiled is None:
             try:
                 self._compiled = _environment().from_string(self.source)

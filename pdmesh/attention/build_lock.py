@@ -41,10 +41,6 @@ class BuildLockTimeoutError(PdmeshError):
     """Another process held the build folder for longer than any build takes."""
 
 
-class BuildLockUnsupportedError(PdmeshError):
-    """The build folder's filesystem has no ``flock``."""
-
-
 @contextlib.contextmanager
 def build_lock(build_dir: Path, wait_s: float = BUILD_WAIT_S, poll_s: float = 0.5) -> Iterator[None]:
     """Hold ``build_dir`` for one build: wait (at most ``wait_s``) while another live
@@ -52,35 +48,34 @@ def build_lock(build_dir: Path, wait_s: float = BUILD_WAIT_S, poll_s: float = 0.
     build_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(build_dir / OWN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            _acquire(fd, build_dir, wait_s, poll_s)
-        except BuildLockUnsupportedError as exc:
-            log.warning("%s: building under torch's own lock only, which a killed build can leave behind", exc)
-            yield
-            return
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())  # read by the next waiter's log line
-        stale = build_dir / TORCH_LOCK
-        if stale.exists():
-            log.warning("removing %s: a kernel build that did not finish left it (no process builds here now)",
-                        stale)
-            stale.unlink(missing_ok=True)
+        if _acquire(fd, build_dir, wait_s, poll_s):
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())  # read by the next waiter's log line
+            stale = build_dir / TORCH_LOCK
+            if stale.exists():
+                log.warning("removing %s: a kernel build that did not finish left it (no process builds here "
+                            "now)", stale)
+                stale.unlink(missing_ok=True)
         yield
     finally:
         os.close(fd)  # drops the flock
 
 
-def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> None:
+def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> bool:
+    """True once the flock is held; False where the filesystem refuses flock (some network
+    mounts), after a warning: the build then runs under torch's lock alone."""
     deadline = time.monotonic() + wait_s
     told = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True
         except BlockingIOError:
             pass
-        except OSError as exc:  # a filesystem without flock (some network mounts): torch's lock alone
-            raise BuildLockUnsupportedError(f"{build_dir} takes no flock ({exc})") from exc
+        except OSError as exc:
+            log.warning("%s takes no flock (%s): building under torch's own lock only, which a killed build "
+                        "can leave behind", build_dir, exc)
+            return False
         if not told:
             holder = (build_dir / OWN_LOCK).read_text().strip() or "?"
             log.info("waiting for process %s's kernel build in %s (at most %.0f s)", holder, build_dir, wait_s)

@@ -30,12 +30,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("csrc") / "copy_rates.c"
-_ROUNDS_SAME = 20
-"""Copies of the same blocks timed (the first, which faults nothing in but may miss, is not)."""
 _BUILD_S = 120.0
 """A file of a few dozen lines builds in well under a second; a compiler still busy after
 this is stuck."""
@@ -82,29 +79,22 @@ def copy_blocks(dst: int, src: int, nbytes: int, streamed: bool) -> None:
 
 def copy_gib_s(block_bytes: int, blocks: int, streamed: bool = False,
                fresh_src: bool = False, fresh_dst: bool = False) -> float:
-    """GiB/s of ``blocks``-block copies, a block at a time as NIXL's descriptors are.
-    ``fresh_src`` / ``fresh_dst``: each copy reads / writes blocks no earlier copy touched,
-    across pools of ``FRESH_WRITES`` copies' blocks (larger than any cache of ours), else
-    the same blocks each time, which stay in cache. The same shapes and memory as
-    ``raw_nixl_gib_s``; its ``fresh`` is both at once."""
+    """GiB/s of ``blocks``-block copies, a block at a time as NIXL's descriptors are, timed
+    by the loop that times raw NIXL (``raw_nixl.timed_writes``: the same rounds and blocks,
+    ``fresh_src`` / ``fresh_dst`` as there), in the same kind of memory."""
     import torch
 
-    from pdmesh.bench.raw_nixl import FRESH_WRITES
+    from pdmesh.bench.raw_nixl import pool_blocks, timed_writes
     from pdmesh.engine.kv_pool import kv_pool
 
     _library()  # fail before allocating
-    fresh = fresh_src or fresh_dst
-    rounds = FRESH_WRITES if fresh else _ROUNDS_SAME
-    pool_blocks = blocks * (rounds + 1) if fresh else blocks
-    src, _ = kv_pool((pool_blocks, block_bytes // 4), torch.float32, torch.device("cpu"))
-    dst, _ = kv_pool((pool_blocks, block_bytes // 4), torch.float32, torch.device("cpu"))
+    size = pool_blocks(blocks, fresh_src or fresh_dst)
+    src, _ = kv_pool((size, block_bytes // 4), torch.float32, torch.device("cpu"))
+    dst, _ = kv_pool((size, block_bytes // 4), torch.float32, torch.device("cpu"))
     src.normal_()
-    seconds = 0.0
-    for i in range(rounds + 1):  # the first is not counted, as raw NIXL's first write is not
-        s0, d0 = (i * blocks if fresh_src else 0), (i * blocks if fresh_dst else 0)
-        t0 = time.perf_counter()
-        for b in range(blocks):
-            copy_blocks(dst[d0 + b].data_ptr(), src[s0 + b].data_ptr(), block_bytes, streamed)
-        if i:
-            seconds += time.perf_counter() - t0
-    return rounds * blocks * block_bytes / seconds / 2**30
+
+    def write(src_ids: list[int], dst_ids: list[int]) -> None:
+        for s, d in zip(src_ids, dst_ids):
+            copy_blocks(dst[d].data_ptr(), src[s].data_ptr(), block_bytes, streamed)
+
+    return timed_writes(block_bytes, blocks, write, fresh_src=fresh_src, fresh_dst=fresh_dst)

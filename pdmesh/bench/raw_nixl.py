@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst",  # type: ignore[no-untyped-def]
@@ -41,6 +41,36 @@ def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst", 
 
 FRESH_WRITES = 32
 """Writes of a fresh-blocks run: the mesh bench's burst writes 32 requests' prompts."""
+SAME_WRITES = 20
+"""Writes timed when the same blocks are rewritten (they stay in cache: few are enough)."""
+
+
+def pool_blocks(blocks: int, fresh: bool) -> int:
+    """Blocks a pool needs for ``timed_writes``: one write's worth, or (fresh) one per write
+    and the uncounted first."""
+    return blocks * (FRESH_WRITES + 1) if fresh else blocks
+
+
+def timed_writes(block_bytes: int, blocks: int, write: Callable[[list[int], list[int]], Callable[[], None] | None],
+                 fresh_src: bool = False, fresh_dst: bool = False) -> float:
+    """GiB/s of ``write(src_ids, dst_ids)`` over ``blocks``-block writes, the first not
+    counted (it connects two agents, or faults a cache line in). ``fresh_src`` /
+    ``fresh_dst``: each write reads / writes blocks no earlier write touched (pools of
+    ``pool_blocks(blocks, True)``), else the same blocks every time. ``write`` may return
+    what to do once its clock has stopped (releasing a NIXL handle). One loop for raw
+    NIXL's ceilings and for ``copy_rates``' copies, so the two time the same shapes."""
+    rounds = FRESH_WRITES if fresh_src or fresh_dst else SAME_WRITES
+    seconds = 0.0
+    for i in range(rounds + 1):
+        src = list(range(i * blocks, (i + 1) * blocks)) if fresh_src else list(range(blocks))
+        dst = list(range(i * blocks, (i + 1) * blocks)) if fresh_dst else list(range(blocks))
+        t0 = time.perf_counter()
+        after = write(src, dst)
+        if i:
+            seconds += time.perf_counter() - t0
+        if after is not None:
+            after()
+    return rounds * blocks * block_bytes / seconds / 2**30
 _TARGET_START_S = 120.0
 """The target imports torch and NIXL and registers its pool: seconds, never minutes."""
 
@@ -112,24 +142,19 @@ def raw_nixl_gib_s(block_bytes: int, blocks: int, fresh: bool = False) -> float:
     from pdmesh.kv.transfer.base import KVRegion, PeerLayout
     from pdmesh.kv.transfer.nixl import NixlTransport
 
-    rounds = FRESH_WRITES if fresh else 20
-    pool_blocks = blocks * (rounds + 1) if fresh else blocks
-    pool, _ = kv_pool((pool_blocks, block_bytes // 4), torch.float32, torch.device("cpu"))  # outlives the agent
+    pool_size = pool_blocks(blocks, fresh)
+    pool, _ = kv_pool((pool_size, block_bytes // 4), torch.float32, torch.device("cpu"))  # outlives the agent
     pool.normal_()
-    seconds = 0.0
-    with raw_target(block_bytes, pool_blocks) as (meta, base):
+    with raw_target(block_bytes, pool_size) as (meta, base):
         src = NixlTransport("raw-src", KVRegion.of_tensor(pool))
         try:
-            src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, pool_blocks))
-            for i in range(rounds + 1):  # the first connects the agents: not counted
-                first = i * blocks if fresh else 0
-                ids = list(range(first, first + blocks))
-                t0 = time.perf_counter()
-                h = src.write("raw-dst", ids, ids)
+            src.add_peer(PeerLayout("raw-dst", meta, base, block_bytes, pool_size))
+
+            def write(src_ids: list[int], dst_ids: list[int]) -> Callable[[], None]:
+                h = src.write("raw-dst", src_ids, dst_ids)
                 wait_written(src, h)
-                if i:
-                    seconds += time.perf_counter() - t0
-                src.release(h)
+                return lambda: src.release(h)
+
+            return timed_writes(block_bytes, blocks, write, fresh_src=fresh, fresh_dst=fresh)
         finally:
             src.close()
-    return rounds * blocks * block_bytes / seconds / 2**30

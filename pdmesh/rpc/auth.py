@@ -13,6 +13,8 @@ from typing import Any
 
 import grpc
 
+from pdmesh.rpc.refusal import refusing
+
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, api_key: str, services: Sequence[str]) -> None:
@@ -29,26 +31,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         raw = sent.encode() if isinstance(sent, str) else bytes(sent)
         if hmac.compare_digest(raw, self._expected):
             return await continuation(details)
-        handler = await continuation(details)
-        return _refuse(handler, "missing or wrong API key: send the metadata 'authorization: Bearer <key>' "
-                       "with the router's --api-key (PDMESH_API_KEY)" if sent else
-                       "this router requires an API key: send the metadata 'authorization: Bearer <key>'")
-
-
-def _refuse(handler: Any, message: str) -> Any:
-    """A handler of the same shape that fails with UNAUTHENTICATED."""
-
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - makes this an async generator
-
-    if handler is None:
-        return None
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(stream, handler.request_deserializer,
-                                                    handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer,
-                                               handler.response_serializer)
+        why = ("missing or wrong API key: send the metadata 'authorization: Bearer <key>' with the router's "
+               "--api-key (PDMESH_API_KEY)" if sent else
+               "this router requires an API key: send the metadata 'authorization: Bearer <key>'")
+        return refusing(await continuation(details), grpc.StatusCode.UNAUTHENTICATED, why)

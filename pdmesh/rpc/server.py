@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from pdmesh.errors import BindError, InvalidRequestError
+from pdmesh.rpc.reflection import enable_reflection
 from pdmesh.rpc.status import message_for, status_for
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.rpc.tls import configure as configure_tls
@@ -54,18 +54,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         deserializer = _tolerant(handler.request_deserializer, handler_call_details.method)
-        if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary),
-                                    request_deserializer=deserializer)
-        if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream),
-                                    request_deserializer=deserializer)
-        if handler.stream_unary:  # its handler reads with ``read_message``
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary),
-                                    request_deserializer=deserializer)
-        if handler.stream_stream:  # reads with ``read_message``, answers with ``context.write``
-            return handler._replace(stream_stream=_wrap_unary(handler.stream_stream),
-                                    request_deserializer=deserializer)
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            fn = getattr(handler, kind)
+            if fn is not None:
+                return handler._replace(**{kind: _wrap(fn)}, request_deserializer=deserializer)
         return handler
 
 
@@ -111,7 +103,15 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     await context.abort(code, message_for(exc))
 
 
-def _wrap_unary(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The handler with the error mapping, of the same kind: grpc.aio tells a handler that
+    yields its answers (an async generator, as grpcio-reflection's) from one that writes them
+    with ``context.write`` (a coroutine, as pdmesh's) by the function's type, and each must
+    keep its own (a coroutine wrapper around a generator fails every call with INTERNAL)."""
+    return _wrap_generator(fn) if inspect.isasyncgenfunction(fn) else _wrap_coroutine(fn)
+
+
+def _wrap_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapped(request, context):  # type: ignore[no-untyped-def]
         if isinstance(request, _Malformed):
@@ -126,24 +126,31 @@ def _wrap_unary(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-def _wrap_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_generator(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapped(request, context):  # type: ignore[no-untyped-def]
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
-            gen = fn(request, context)
-            if inspect.isasyncgen(gen):
-                async for item in gen:
-                    yield item
-            else:
-                await gen
+            async for item in fn(request, context):
+                yield item
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
             await _abort(context, exc)
 
     return wrapped
+
+
+class _NotServingYet(health.aio.HealthServicer):
+    """grpcio-health-checking's servicer, starting NOT_SERVING (its own starts the whole
+    server SERVING): a worker opens its port before its model is loaded, and a probe must
+    not see it ready then."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        for name in ["", *names]:  # no watcher can exist yet: set without its condition
+            self._server_status[name] = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def create_server(
@@ -165,12 +172,10 @@ def create_server(
     except RuntimeError:
         port = 0
     if port == 0:
-        raise BindError(f"cannot listen on {address}: the port is taken, or the address is not this "
-                        "machine's (pick another --port, or 0 for any free one)")
-    health_servicer = health.aio.HealthServicer()
+        raise BindError.at(address)
+    health_servicer = _NotServingYet([*service_names])
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
-    reflection.enable_server_reflection(names, server)
+    enable_reflection(server, [*service_names, health.SERVICE_NAME])
     return server, port, health_servicer
 
 

@@ -3,7 +3,7 @@ router from Python; tokens stream back."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,16 +30,38 @@ class Completion:
     spec_accepted_tokens: int = 0
 
 
-def build_request(prompt: str | list[int], request_id: str = "", cache_salt: str = "",
+DEFAULT_PORT = 50051
+"""The router's gRPC port unless told otherwise (``pdmesh up --port``, the deploy files)."""
+
+
+def router_address(address: str) -> str:
+    """``HOST[:PORT]`` as a gRPC target: the port defaults to ``DEFAULT_PORT`` (a bare
+    ``localhost`` would otherwise dial 443), ``[v6]`` literals kept whole."""
+    host = address.removeprefix("grpc://").rstrip("/")
+    if host.startswith("["):
+        return host if "]:" in host else f"{host}:{DEFAULT_PORT}"
+    return host if ":" in host else f"{host}:{DEFAULT_PORT}"
+
+
+Prompt = str | Sequence[int] | Sequence[Mapping[str, str]]
+"""Text, token ids, or chat messages (``{"role": ..., "content": ...}``) that the router
+renders with the model's chat template."""
+
+
+def build_request(prompt: Prompt, request_id: str = "", cache_salt: str = "",
                   **sampling: Any) -> generate_pb2.GenerateRequest:
-    """A ``GenerateRequest``: text or token ids, and ``SamplingParams`` fields by name."""
+    """A ``GenerateRequest``: text, token ids or chat messages, and ``SamplingParams``
+    fields by name."""
     req = generate_pb2.GenerateRequest(
         request_id=request_id, cache_salt=cache_salt, sampling=common_pb2.SamplingParams(**sampling)
     )
     if isinstance(prompt, str):
         req.text = prompt
+    elif prompt and isinstance(prompt[0], Mapping):
+        req.messages.messages.extend(generate_pb2.ChatMessage(role=m["role"], content=m["content"])
+                                     for m in prompt)  # type: ignore[index]
     else:
-        req.token_ids.ids.extend(prompt)
+        req.token_ids.ids.extend(prompt)  # type: ignore[arg-type]
     return req
 
 
@@ -80,7 +102,7 @@ class AsyncClient:
                          else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
-    async def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
+    async def generate(self, prompt: Prompt, timeout: float | None = None, **kwargs: Any
                        ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         """Stream responses; raises ``grpc.aio.AioRpcError`` with the mesh's status on failure."""
         call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout or self.timeout,
@@ -113,21 +135,21 @@ class Client:
                          else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
         self._stub = generate_pb2_grpc.GenerationStub(self._channel)
 
-    def request(self, prompt: str | list[int], request_id: str = "", cache_salt: str = "",
+    def request(self, prompt: Prompt, request_id: str = "", cache_salt: str = "",
                 **sampling: Any) -> generate_pb2.GenerateRequest:
         return build_request(prompt, request_id, cache_salt, **sampling)
 
-    def generate(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
+    def generate(self, prompt: Prompt, timeout: float | None = None, **kwargs: Any
                  ) -> Iterator[generate_pb2.GenerateResponse]:
         """Stream responses; raises ``grpc.RpcError`` with the mesh's status code on failure."""
         yield from self._stub.Generate(self.request(prompt, **kwargs), timeout=timeout or self.timeout,
                                        metadata=self.security.metadata)
 
-    def complete(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any) -> Completion:
+    def complete(self, prompt: Prompt, timeout: float | None = None, **kwargs: Any) -> Completion:
         """The whole completion (``n`` = 1; see ``complete_n``)."""
         return self.complete_n(prompt, timeout=timeout, **kwargs)[0]
 
-    def complete_n(self, prompt: str | list[int], timeout: float | None = None, **kwargs: Any
+    def complete_n(self, prompt: Prompt, timeout: float | None = None, **kwargs: Any
                    ) -> list[Completion]:
         """Every completion of the request (``n=N`` in ``kwargs``), in index order."""
         outs = [Completion() for _ in range(int(kwargs.get("n", 1)))]

@@ -31,6 +31,10 @@ class CacheConfig:
     """Blocks in the pool; None sizes it from ``kv_cache_memory_gb``."""
     kv_cache_memory_gb: float = 2.0
     """Memory for the KV pool when ``num_blocks`` is None."""
+    gpu_memory_utilization: float = 0.0
+    """CUDA: the fraction of the device's memory the worker may fill, weights, activations
+    and KV pool together; the pool takes what is left (``engine/kv_sizing.py``). 0: sized
+    by ``kv_cache_memory_gb``."""
     enable_prefix_caching: bool = True
     prefix_eviction: EvictionPolicy = "reuse"
     """Which free block goes first (``pdmesh/kv/eviction.py``): "reuse" keeps blocks
@@ -160,7 +164,8 @@ class MeshContract:
     """What every process of one mesh must share; the router refuses workers that differ."""
 
     model: str
-    """Hugging Face model folder."""
+    """Hugging Face model folder, or a hub id ORG/NAME[@REVISION] fetched through the local
+    Hugging Face cache (HF_HUB_OFFLINE, HF_TOKEN, HF_HOME apply)."""
     dtype: DType = EngineConfig.dtype
     """Weights and KV dtype; "auto" uses the model config's torch_dtype (float32 if unset)."""
     block_size: int = CacheConfig.block_size
@@ -184,6 +189,10 @@ class EngineArgs(MeshContract):
     """KV pool size in blocks; 0 sizes it from kv_cache_memory_gb."""
     kv_cache_memory_gb: float = CacheConfig.kv_cache_memory_gb
     """Memory for the KV pool when num_blocks is 0."""
+    gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization
+    """CUDA: fraction of the device's memory the worker may fill (weights, activations and
+    the KV pool, which takes what is left after the weights), as vLLM's flag; 0 = size the
+    pool by kv_cache_memory_gb. Ignored when num_blocks is set."""
     enable_prefix_caching: bool = CacheConfig.enable_prefix_caching
     """Keep computed prompt blocks for reuse by later requests."""
     prefix_eviction: EvictionPolicy = CacheConfig.prefix_eviction
@@ -214,6 +223,12 @@ class EngineArgs(MeshContract):
             _at_least(name, getattr(self, name), low)
         if not self.kv_cache_memory_gb > 0:
             raise InvalidRequestError("kv_cache_memory_gb", f"must be > 0, got {self.kv_cache_memory_gb}")
+        if not 0 <= self.gpu_memory_utilization <= 1:
+            raise InvalidRequestError("gpu_memory_utilization",
+                                      f"must be a fraction in [0, 1], got {self.gpu_memory_utilization}")
+        if self.gpu_memory_utilization and not self.device.startswith("cuda"):
+            raise InvalidRequestError("gpu_memory_utilization", "applies to CUDA devices (--device cuda); on "
+                                      "the CPU size the pool with --kv-cache-memory-gb or --num-blocks")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -224,6 +239,7 @@ class EngineArgs(MeshContract):
             cache=CacheConfig(
                 block_size=self.block_size, num_blocks=self.num_blocks or None,
                 kv_cache_memory_gb=self.kv_cache_memory_gb,
+                gpu_memory_utilization=self.gpu_memory_utilization,
                 enable_prefix_caching=self.enable_prefix_caching,
                 prefix_eviction=self.prefix_eviction,
                 hash_algorithm=self.hash_algorithm, hash_seed=self.hash_seed,

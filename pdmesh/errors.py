@@ -56,3 +56,9 @@ class StartError(PdmeshError, RuntimeError):
 class BindError(PdmeshError, OSError):
     """This process cannot listen where it was told: the port is taken, or the address is
     not one of this machine's."""
+
+    @classmethod
+    def at(cls, address: str, flag: str = "--port") -> BindError:
+        """The one message for every listener (gRPC, HTTP, metrics), naming its flag."""
+        return cls(f"cannot listen on {address}: the port is taken, or the address is not this machine's "
+                   f"(pick another {flag}, or 0 for any free one)")

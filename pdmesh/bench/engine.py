@@ -97,10 +97,10 @@ def _hf_generate(model, prompts: list[list[int]], new: int) -> float:  # type: i
 def run_engine_bench(args: argparse.Namespace) -> list[Row]:
     from transformers import AutoModelForCausalLM
 
-    from pdmesh.cli.options import config_from_args
+    from pdmesh.cli.options import config_from_args, resolve_model_field
     from pdmesh.config import EngineArgs
 
-    config = config_from_args(args, EngineArgs, None).engine_config()
+    config = resolve_model_field(config_from_args(args, EngineArgs, None)).engine_config()
     if torch.device(config.device).type == "cuda":
         from pdmesh.bench.gpu_roofline import run_gpu_bench
 

@@ -48,10 +48,10 @@ def decode_step_times(engine: LLMEngine, steps: int, warmup: int = 0) -> list[fl
 
 
 def run_profile(args: argparse.Namespace) -> None:
-    from pdmesh.cli.options import config_from_args
+    from pdmesh.cli.options import config_from_args, resolve_model_field
     from pdmesh.config import EngineArgs
 
-    engine = LLMEngine(config_from_args(args, EngineArgs, None).engine_config())
+    engine = LLMEngine(resolve_model_field(config_from_args(args, EngineArgs, None)).engine_config())
     print(f"pdmesh bench profile — {args.model}, dtype {engine.dtype}, {torch.get_num_threads()} threads, "
           f"attention {type(engine.runner.backend).__name__}")
     _fill(engine, args.batch, args.context, args.steps * 3 + 8)

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-from pdmesh.cli.options import config_from_args
+from pdmesh.cli.options import config_from_args, resolve_model_field
 from pdmesh.config import EngineArgs
 
 
@@ -37,7 +37,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from pdmesh.engine.llm_engine import LLMEngine
     from pdmesh.sampling_params import SamplingParams
 
-    engine = LLMEngine(config_from_args(args, EngineArgs, None).engine_config())
+    engine = LLMEngine(resolve_model_field(config_from_args(args, EngineArgs, None)).engine_config())
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -46,7 +46,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop or ()),
         output_kind="delta",
     )
-    engine.add_request("cli-0", engine.tokenizer.encode(prompt) if args.chat else prompt, params)
+    engine.add_request("cli-0", engine.tokenizer.encode(prompt, add_special_tokens=False) if args.chat else prompt, params)
     start = time.monotonic()
     last = None
     n_out = 0  # outputs are deltas: count as they stream
@@ -70,13 +70,16 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _remote(args: argparse.Namespace) -> int:
-    from pdmesh.client import Client
+    """Through a router: every failure the mesh reports (no router, a refused request, a
+    deadline) is one line with its status and message, exit 1."""
+    import grpc
+
+    from pdmesh.cli.status import security_from_args
+    from pdmesh.client import Client, router_address
     from pdmesh.rpc.convert import FINISH_NAMES
 
-    if args.chat:
-        print("pdmesh: error: --chat applies to --model runs; send chat-formatted text to a router",
-              file=sys.stderr)
-        return 2
+    address = router_address(args.router)
+    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "max_tokens": args.max_tokens, "stop": args.stop or []}
     if args.seed is not None:
@@ -87,13 +90,20 @@ def _remote(args: argparse.Namespace) -> int:
 
     def texts():  # type: ignore[no-untyped-def]
         nonlocal first, final
-        with Client(args.router) as client:
-            for resp in client.generate(args.prompt, **sampling):
+        with Client(address, timeout=args.timeout, security=security_from_args(args)) as client:
+            for resp in client.generate(prompt, **sampling):
                 first = first or time.monotonic()
                 final = resp
                 yield resp.text
 
-    print_stream(texts())
+    try:
+        print_stream(texts())
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
+        hint = (" (no router answers there: start a mesh with pdmesh up, or give --router HOST:PORT)"
+                if code is grpc.StatusCode.UNAVAILABLE and "connect" in (details or "") else "")
+        print(f"pdmesh generate: {address}: {code.name}: {details}{hint}", file=sys.stderr)
+        return 1
     if final is not None:
         u = final.usage
         summary(FINISH_NAMES[final.finish_reason], u.prompt_tokens, u.completion_tokens,

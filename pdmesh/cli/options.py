@@ -42,3 +42,20 @@ def config_from_args(args: argparse.Namespace, cls: type, env_prefix: str | None
     """Build ``cls`` from ``--config``, the environment and the flags that were given."""
     overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
     return load_config(cls, getattr(args, "config", None), env_prefix, overrides)
+
+
+def resolve_model_field(cfg: Any) -> Any:
+    """``cfg`` with its ``model`` resolved to a folder (a hub id fetched through the Hugging
+    Face cache, ``pdmesh/model/source.py``) and, for a config that names the served model
+    (the router's), that name defaulted to what the user typed. Kept apart from
+    ``config_from_args``, which only parses (the deploy checks parse configs whose folders
+    exist only in their images)."""
+    if not getattr(cfg, "model", ""):
+        return cfg
+    from pdmesh.model.source import resolve_model
+
+    source = resolve_model(cfg.model)
+    changes: dict[str, Any] = {"model": str(source.path)}
+    if hasattr(cfg, "served_model_name") and not cfg.served_model_name:
+        changes["served_model_name"] = (source.name,)
+    return dataclasses.replace(cfg, **changes)

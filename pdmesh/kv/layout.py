@@ -13,11 +13,11 @@ import json
 import logging
 from dataclasses import dataclass
 from math import prod
-from pathlib import Path
 
 from pdmesh.cpu import has_native_bf16
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ModelConfig
+from pdmesh.model.source import identity_name
 
 log = logging.getLogger(__name__)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -75,6 +75,6 @@ class KVLayout:
 
     def compat_hash(self, model: str, hash_algorithm: str, hash_seed: int) -> str:
         """Digest of what two processes must share to exchange KV blocks and block hashes."""
-        blob = json.dumps([Path(model).name, self.dtype, self.block_size, hash_algorithm,
+        blob = json.dumps([identity_name(model), self.dtype, self.block_size, hash_algorithm,
                            hash_seed, list(self.block_shape)])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

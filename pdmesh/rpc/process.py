@@ -32,6 +32,31 @@ def advertised(explicit: str, host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def listen_socket(host: str, port: int, flag: str) -> socket.socket:
+    """A TCP socket listening on host:port, or a ``BindError`` naming ``flag``. Servers that
+    take a socket (uvicorn) get one bound here, so a taken port is one line naming the
+    option rather than the server's own exit in the middle of start-up."""
+    from pdmesh.errors import BindError
+
+    bare = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in bare else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bare, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise BindError.at(f"{host}:{port}", flag) from exc
+    return sock
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """Refuse a taken port before anything starts (``pdmesh up`` checks the router's
+    ports before its workers spend minutes loading); 0 is always free."""
+    if port:
+        listen_socket(host, port, flag).close()
+
+
 def write_port_file(path: str, port: int) -> None:
     """Atomically publish the bound port (launchers start services on port 0)."""
     if path:

@@ -52,12 +52,15 @@ class StreamTimer:
         self.m = metrics
         self.start = time.monotonic()
         self.last: float | None = None
+        self.first: float | None = None
+        """When the first token was streamed."""
 
     def tokens(self, n: int) -> None:
         if n <= 0:
             return
         now = time.monotonic()
         if self.last is None:
+            self.first = now
             self.m.ttft.labels(self.m.role).observe(now - self.start)
         else:
             self.m.itl.labels(self.m.role).observe((now - self.last) / n)

@@ -8,7 +8,6 @@ same descriptor.
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import numpy as np
 
@@ -18,6 +17,7 @@ from pdmesh.kv.transfer.base import KVRegion
 from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.mesh_types import WorkerInfo
 from pdmesh.model.config import ModelConfig
+from pdmesh.model.source import identity_name
 from services.kvstore.config import KVStoreConfig
 from services.kvstore.store import BlockStore
 
@@ -42,7 +42,7 @@ class StorePool:
     def info(self) -> WorkerInfo:
         s, t = self.store, self.transport
         return WorkerInfo(
-            worker_id=self.cfg.worker_id, role="kvstore", model=Path(self.cfg.model).name,
+            worker_id=self.cfg.worker_id, role="kvstore", model=identity_name(self.cfg.model),
             dtype=self.layout.dtype, block_size=self.cfg.block_size,
             hash_algorithm=self.cfg.hash_algorithm, hash_seed=self.cfg.hash_seed,
             num_blocks=s.capacity, free_blocks=len(s.free), used_blocks=len(s.stored),

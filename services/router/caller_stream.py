@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from services.router.flow import RequestFlow
 
 log = logging.getLogger(__name__)
+access = logging.getLogger("pdmesh.access")
+"""One line per finished request when the router runs with ``access_log``."""
 
 
 async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
@@ -28,11 +30,11 @@ async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
     core, rid = flow.core, flow.request_id
     timer = core.request_metrics.stream()
     span = tracing.start_span("router.generate", flow.trace, request_id=rid,
-                              model=Path(core.cfg.model).name, prompt_tokens=len(flow.prompt))
+                              model=core.listed_names[0], prompt_tokens=len(flow.prompt))
     flow.trace = tracing.child_context(span)
     flow.metadata = tracing.outgoing(flow.trace)
     bind_request(rid, span)
-    finish, produced = "cancelled", 0
+    finish, produced, cached = "cancelled", 0, 0
     try:
         async for resp in flow.run():
             produced += len(resp.token_ids)
@@ -42,6 +44,7 @@ async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
                 timer.done(finish)
                 span.set_attribute("pdmesh.completion_tokens", resp.usage.completion_tokens)
                 span.set_attribute("pdmesh.cached_tokens", resp.usage.cached_tokens)
+                cached = resp.usage.cached_tokens
                 if resp.usage.spec_draft_tokens:
                     span.set_attribute("pdmesh.spec_draft_tokens", resp.usage.spec_draft_tokens)
                     span.set_attribute("pdmesh.spec_accepted_tokens", resp.usage.spec_accepted_tokens)
@@ -66,4 +69,11 @@ async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
     finally:
         span.set_attribute("pdmesh.finish_reason", finish)
         span.end()
+        if core.cfg.access_log:
+            end = time.monotonic()
+            ttft = f"{timer.first - timer.start:.3f}s" if timer.first is not None else "-"
+            access.info("%s %s: prompt %d tokens (%d cached), completion %d, ttft %s, total %.3fs, prefill %s, "
+                        "decode %s", rid, finish, len(flow.prompt), cached, produced, ttft, end - timer.start,
+                        flow.prefill.worker.worker_id if flow.prefill else "-",
+                        flow.decode.worker_id if flow.decode else "-")
 

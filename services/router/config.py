@@ -19,6 +19,10 @@ class RouterConfig(MeshContract, ServerConfig):
     """The router tokenizes with the model's tokenizer and refuses workers that break the
     mesh contract (model, block size, hash seed and algorithm, and dtype unless "auto")."""
 
+    served_model_name: tuple[str, ...] = ()
+    """Names clients use for the model, comma-separated: /v1/models and ListModels list
+    each, responses carry the first, a request may name any (or none); empty = the hub id
+    given as --model, else the folder's name."""
     prefill: tuple[str, ...] = ()
     """Prefill worker addresses (host:port, comma-separated)."""
     decode: tuple[str, ...] = ()
@@ -106,5 +110,9 @@ class RouterConfig(MeshContract, ServerConfig):
     http_port: int = -1
     """OpenAI-compatible HTTP API on this port: -1 off, 0 any free port (written to
     {port_file}.http)."""
+    access_log: bool = False
+    """Log one line per finished request on either front (logger pdmesh.access): its id, how
+    it ended, prompt / cached / completion tokens, TTFT, total time, its prefill and decode
+    workers."""
     api_key: str = ""
     """Bearer token every /v1/* HTTP route requires (also PDMESH_API_KEY); empty = none."""

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from pdmesh.errors import InvalidRequestError, UnavailableError
 from pdmesh.kv.block_hash import BlockHash, BlockHasher, extra_keys_for
 from pdmesh.model.config import ModelConfig
+from pdmesh.model.source import display_name
 from pdmesh.rpc.feed_sink import Feeds
 from pdmesh.rpc.status import for_client
 from pdmesh.sampling_params import SamplingParams
@@ -80,9 +81,16 @@ class RouterCore:
         self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))
 
     @property
+    def listed_names(self) -> list[str]:
+        """The model's names as /v1/models and ListModels list them (``served_model_name``;
+        the first is the one responses carry)."""
+        return list(self.cfg.served_model_name) or [display_name(self.cfg.model)]
+
+    @property
     def served_names(self) -> list[str]:
-        """Names a client may use for the model: the folder's name first, then its path."""
-        names = [Path(self.cfg.model).name, self.cfg.model, str(Path(self.cfg.model).resolve())]
+        """Every name a request may give the model: the listed ones, then the folder's name
+        and its path."""
+        names = [*self.listed_names, Path(self.cfg.model).name, self.cfg.model, str(Path(self.cfg.model).resolve())]
         return list(dict.fromkeys(names))
 
     # -- admission --------------------------------------------------------------------
@@ -106,6 +114,14 @@ class RouterCore:
         if isinstance(prompt, str):
             return await self.tokenize(prompt, add_special_tokens)
         return self.prompt_ids(prompt)
+
+    async def chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """A conversation rendered with the model's chat template and tokenized without
+        added specials (the template writes BOS itself): the prompt of a chat on either front."""
+        if not messages:
+            raise InvalidRequestError("messages", "must contain at least one message")
+        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+        return await self.tokenize(rendered, add_special_tokens=False)
 
     def prompt_ids(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):

@@ -22,12 +22,12 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
 from pdmesh.index.membership import Member
 from pdmesh.mesh_types import WorkerInfo
+from pdmesh.model.source import identity_name
 from pdmesh.rpc.clients import fetch_info
 from services.router.config import RouterConfig
 
@@ -199,8 +199,8 @@ class Registry:
         cfg = self.cfg
         checks = [
             (info.role == w.role, f"it is not a {w.role} worker"),
-            (info.model == Path(cfg.model).name,
-             f"it serves model {info.model!r}, the mesh serves {Path(cfg.model).name!r}"),
+            (info.model == identity_name(cfg.model),
+             f"it serves model {info.model!r}, the mesh serves {identity_name(cfg.model)!r}"),
             (info.block_size == cfg.block_size,
              f"block_size {info.block_size} differs from the mesh's {cfg.block_size}"),
             (info.hash_seed == cfg.hash_seed,

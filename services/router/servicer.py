@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import grpc
 
@@ -24,13 +23,17 @@ from services.router.core import RouterCore
 SERVICES = ["pdmesh.v1.Generation", "pdmesh.v1.MeshAdmin"]
 
 
-def _prompt(request: generate_pb2.GenerateRequest) -> str | list[int]:
+async def _prompt_ids(core: RouterCore, request: generate_pb2.GenerateRequest) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "text":
-        return request.text
+        return await core.tokenize(request.text)
     if kind == "token_ids":
-        return list(request.token_ids.ids)
-    raise InvalidRequestError("input", "set either text or token_ids")
+        return core.prompt_ids(list(request.token_ids.ids))
+    if kind == "messages":
+        chat = request.messages
+        add = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else True
+        return await core.chat_ids([{"role": m.role, "content": m.content} for m in chat.messages], add)
+    raise InvalidRequestError("input", "set one of text, token_ids or messages")
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -40,7 +43,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Generate(self, request, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         core = self.core
         rid = request.request_id or uuid.uuid4().hex
-        ids = await core.prompt_ids_async(_prompt(request))
+        ids = await _prompt_ids(core, request)
         params = sampling_from_proto(request.sampling, cache_salt=request.cache_salt or None)
         core.check_length(ids, params)
         deadline = asyncio.get_running_loop().time() + remaining(context, core.cfg.request_timeout_s)
@@ -66,11 +69,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def ListModels(self, request, context) -> generate_pb2.ListModelsResponse:  # noqa: N802
         dtype = next((w.info.dtype for w in self.core.workers.workers if w.info is not None), "")
-        card = generate_pb2.ModelCard(
-            name=Path(self.core.cfg.model).name,
-            max_model_len=self.core.model_config.max_position_embeddings, dtype=dtype,
-        )
-        return generate_pb2.ListModelsResponse(models=[card])
+        return generate_pb2.ListModelsResponse(models=[
+            generate_pb2.ModelCard(name=name, max_model_len=self.core.model_config.max_position_embeddings,
+                                   dtype=dtype)
+            for name in self.core.listed_names])
 
 
 class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):

@@ -127,7 +127,8 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
         for _, ids in prompts:
             core.check_length(ids, params)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        return Generation(core, kind, req.request_id or f"{prefix}-{uuid.uuid4().hex}", req.model, prompts,
+        return Generation(core, kind, req.request_id or f"{prefix}-{uuid.uuid4().hex}",
+                          req.model or core.listed_names[0], prompts,
                           params, echo=getattr(req, "echo", False),
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
                           return_token_ids=req.return_token_ids)
@@ -155,9 +156,9 @@ def _add_utility_routes(app: FastAPI, core: RouterCore) -> None:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
-            "id": core.served_names[0], "object": "model", "created": int(time.time()), "owned_by": "pdmesh",
+            "id": name, "object": "model", "created": int(time.time()), "owned_by": "pdmesh",
             "root": core.cfg.model, "max_model_len": core.model_config.max_position_embeddings,
-        }]}
+        } for name in core.listed_names]}
 
     @app.get("/health")
     async def health() -> Response:

@@ -35,7 +35,7 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, lo
 def check_model(core: RouterCore, model: str | None) -> None:
     if model is not None and model not in core.served_names:
         raise HTTPError(404, f"the model {model!r} does not exist; this mesh serves "
-                        f"{core.served_names[0]!r}", "model", "model_not_found")
+                        f"{', '.join(map(repr, core.listed_names))}", "model", "model_not_found")
 
 
 async def completion_prompts(core: RouterCore, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
@@ -75,9 +75,5 @@ def _text(message: ChatMessage) -> str:
 
 
 async def chat_prompt(core: RouterCore, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """Messages rendered with the model's chat template, tokenized without added specials
-    (the template writes BOS itself)."""
-    rendered = core.tokenizer.apply_chat_template(
-        [{"role": m.role, "content": _text(m)} for m in messages], add_generation_prompt
-    )
-    return await core.tokenize(rendered, add_special_tokens=False)
+    """The HTTP body's messages as the router's chat prompt (``RouterCore.chat_ids``)."""
+    return await core.chat_ids([{"role": m.role, "content": _text(m)} for m in messages], add_generation_prompt)

@@ -101,7 +101,8 @@ class _Sampling(_Body):
         _supported_only(data)
         return data
 
-    model: str
+    model: str | None = None
+    """Optional, as vLLM's: a request without it is for the mesh's model."""
     max_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1)
     temperature: float | None = None

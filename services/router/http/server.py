@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from pdmesh.rpc.process import listen_socket
 from services.router.core import RouterCore
 from services.router.http.app import create_app
 
@@ -32,8 +33,11 @@ class HTTPFront:
         self.task: asyncio.Task[None] | None = None
 
     async def start(self, timeout: float = 30.0) -> int:
-        """Start serving; returns the bound port."""
-        self.task = asyncio.create_task(self.server.serve())
+        """Start serving; returns the bound port. A taken port is a ``BindError`` naming
+        ``--http-port`` (uvicorn would log it and exit the process from inside its task)."""
+        config = self.server.config
+        sock = listen_socket(config.host, config.port, "--http-port")
+        self.task = asyncio.create_task(self.server.serve(sockets=[sock]))
         deadline = asyncio.get_running_loop().time() + timeout
         while not self.server.started:
             if self.task.done():

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from pdmesh.mesh_spec import (
 from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.process import PARENT_ENV
 from pdmesh.rpc.tls import TLSFiles
+from pdmesh.startup import PHASE_FILE_ENV, read_phase
 
 __all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc",
            "free_port"]
@@ -45,6 +47,28 @@ class Proc:
     """host:port of its Prometheus /metrics."""
     args: list[str] = field(default_factory=list)
     """The ``pdmesh`` command line it was started with (to restart it the same way)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables set for it beyond the launcher's own (its GPU), kept for restarts."""
+
+    @property
+    def gpu(self) -> str | None:
+        """The ``CUDA_VISIBLE_DEVICES`` it was given (None: the launcher's environment)."""
+        return self.env.get("CUDA_VISIBLE_DEVICES")
+
+
+PROGRESS_S = 5.0
+"""The most often one starting process's phase is reported."""
+
+
+@dataclass
+class _Wait:
+    """One process's start, as ``Mesh._await_all`` follows it."""
+
+    start: float
+    allowance: float
+    building: bool = False
+    shown: str = ""
+    shown_at: float = -PROGRESS_S
 
 
 def redis_server_binary() -> str:
@@ -67,8 +91,10 @@ def free_port() -> int:
 
 
 class Mesh:
-    def __init__(self, spec: MeshSpec) -> None:
+    def __init__(self, spec: MeshSpec, progress: Callable[[str], None] | None = None) -> None:
         self.spec = spec
+        self.progress = progress
+        """Told each starting process's phase (``pdmesh up`` prints it); None: silent."""
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdmesh-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis: Proc | None = None
@@ -113,8 +139,7 @@ class Mesh:
                 self._await_ready(store)
             pending = [self._spawn_worker("prefill", i) for i in range(self.spec.prefill)]
             pending += [self._spawn_worker("decode", i) for i in range(self.spec.decode)]
-            for proc in pending:
-                self._await_ready(proc)
+            self._await_all(pending)
             self.router = self._spawn("router", [
                 "router", "--model", self.spec.model, "--redis-url", self.redis_url,
                 "--prefill", ",".join(p.address for p in self.prefill),
@@ -176,7 +201,8 @@ class Mesh:
         args += ["--redis-url", self.redis_url]  # membership (and, on prefill, the index)
         if role == "prefill" and self.kvstore:
             args += ["--kvstore", self.kvstore[0].address]
-        proc = self._spawn(name, args)
+        gpu = self.spec.placement.of(role, index)
+        proc = self._spawn(name, args, {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})
         (self.prefill if role == "prefill" else self.decode).append(proc)
         return proc
 
@@ -185,7 +211,7 @@ class Mesh:
         """Where workers that split this machine's cores lend them (``core_share.py``)."""
         return self.log_dir / "cores"
 
-    def _spawn(self, name: str, args: list[str]) -> Proc:
+    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Proc:
         for flag, value in (("--tls-cert", self.spec.tls_cert), ("--tls-key", self.spec.tls_key),
                             ("--tls-ca", self.spec.tls_ca)):
             if value and flag not in args:
@@ -193,16 +219,19 @@ class Mesh:
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
         self._build_mark(name).unlink(missing_ok=True)  # left by a process killed while it built
+        self._phase_file(name).unlink(missing_ok=True)
         log_path = self.log_dir / f"{name}.log"
         # OTEL_* variables pass through; each process names itself after its role.
         env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"),
                    OTEL_SERVICE_NAME=f"pdmesh-{args[0]}", **{PARENT_ENV: str(os.getpid()),
-                                                             BUILD_MARK_ENV: str(self._build_mark(name))})
+                                                             BUILD_MARK_ENV: str(self._build_mark(name)),
+                                                             PHASE_FILE_ENV: str(self._phase_file(name))},
+                   **(extra_env or {}))
         popen = subprocess.Popen(
             [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
             stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-        return Proc(name, popen, log=log_path, args=args)
+        return Proc(name, popen, log=log_path, args=args, env=dict(extra_env or {}))
 
     def respawn(self, proc: Proc) -> None:
         """Start a process that died again, on the same port (peers keep its address), and
@@ -213,7 +242,7 @@ class Mesh:
         port = proc.address.rsplit(":", 1)[-1] if proc.address else "0"
         args = list(proc.args)
         args[args.index("--port") + 1] = port
-        fresh = self._spawn(proc.name, args)
+        fresh = self._spawn(proc.name, args, proc.env)
         fresh.address = proc.address
         proc.popen, proc.log = fresh.popen, fresh.log
         proc.address = ""
@@ -227,26 +256,50 @@ class Mesh:
         return self.log_dir / f"{name}.building"
 
     def _await_ready(self, proc: Proc) -> None:
-        """Until ``proc`` serves: ``start_timeout_s``, plus ``BUILD_WAIT_S`` once it shows
-        that it builds the CPU kernels (minutes on two cores, the first start after an
-        install or upgrade that skipped ``scripts/setup.sh``)."""
-        port_file, mark = self.log_dir / f"{proc.name}.port", self._build_mark(proc.name)
-        start, allowance, building = time.monotonic(), self.spec.start_timeout_s, False
-        while time.monotonic() < start + allowance:
-            if not building and mark.exists():
-                allowance, building = allowance + BUILD_WAIT_S, True
-            if proc.popen.poll() is not None:
-                raise StartError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
-            if port_file.is_file() and not proc.address:
-                proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
-            if proc.address and is_serving(proc.address, self.tls):
-                metrics_file = Path(str(port_file) + ".metrics")
-                if metrics_file.is_file():
-                    proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
-                return
-            time.sleep(0.1)
-        why = " (it was building pdmesh's CPU kernels)" if building else ""
-        raise StartError(f"{proc.name} not ready after {allowance:g}s{why}; log:\n{_tail(proc.log)}")
+        self._await_all([proc])
+
+    def _await_all(self, procs: list[Proc]) -> None:
+        """Until every one of ``procs`` serves, each within ``start_timeout_s`` of this call,
+        plus ``BUILD_WAIT_S`` once it shows that it compiles the CPU kernels or waits for
+        another process's compile (minutes on two cores, the first start after an install
+        or upgrade that skipped ``scripts/setup.sh``). Meanwhile each one's start-up phase
+        goes to ``progress`` when it changes, at most every ``PROGRESS_S`` per process."""
+        waits = {p.name: _Wait(time.monotonic(), self.spec.start_timeout_s) for p in procs}
+        pending = list(procs)
+        while pending:
+            for proc in list(pending):
+                if self._poll_ready(proc, waits[proc.name]):
+                    pending.remove(proc)
+            if pending:
+                time.sleep(0.1)
+
+    def _poll_ready(self, proc: Proc, wait: _Wait) -> bool:
+        port_file, now = self.log_dir / f"{proc.name}.port", time.monotonic()
+        if not wait.building and self._build_mark(proc.name).exists():
+            wait.allowance, wait.building = wait.allowance + BUILD_WAIT_S, True
+        if proc.popen.poll() is not None:
+            raise StartError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
+        if port_file.is_file() and not proc.address:
+            proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
+        if proc.address and is_serving(proc.address, self.tls):
+            metrics_file = Path(str(port_file) + ".metrics")
+            if metrics_file.is_file():
+                proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
+            return True
+        phase = read_phase(self._phase_file(proc.name))
+        if self.progress is not None and phase and phase != wait.shown and now - wait.shown_at >= PROGRESS_S:
+            self.progress(f"{proc.name}: {phase} ({now - wait.start:.0f}s)")
+            wait.shown, wait.shown_at = phase, now
+        if now > wait.start + wait.allowance:
+            why = " (it was building pdmesh's CPU kernels, or waiting for another process's build)" \
+                if wait.building else ""
+            last = f", last phase: {phase}" if phase else ""
+            raise StartError(f"{proc.name} not ready after {wait.allowance:g}s{why}{last}; log:\n{_tail(proc.log)}")
+        return False
+
+    def _phase_file(self, name: str) -> Path:
+        """Where a process writes its start-up phase (``pdmesh/startup.py``)."""
+        return self.log_dir / f"{name}.phase"
 
     # -- stop -------------------------------------------------------------------------
     def stop(self, grace: float = 15.0) -> None:

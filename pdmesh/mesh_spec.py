@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdmesh.placement import Placement
+
 COLOCATED_PREFILL_BUSY_REQUESTS = 4
 """``--prefill-busy-requests`` for workers that split one machine's cores."""
 COLOCATED_PREFILL_BUSY_TOKENS = 1024
@@ -41,6 +43,8 @@ class MeshSpec:
     """TLS for every process of the mesh (``--tls-cert/--tls-key/--tls-ca`` on each)."""
     tls_key: str = ""
     tls_ca: str = ""
+    placement: Placement = field(default_factory=Placement)
+    """Each worker's ``CUDA_VISIBLE_DEVICES`` (``pdmesh/placement.py``); empty: inherited."""
 
     def splits_cpu_cores(self) -> bool:
         """Whether the launcher divides this machine's cores between the workers (no

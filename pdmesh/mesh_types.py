@@ -20,7 +20,7 @@ class WorkerInfo:
     """Unique name, also its NIXL agent name."""
     role: Role = ""
     model: str = ""
-    """Model folder name."""
+    """The model's identity (``pdmesh/model/source.py``: folder name, or ORG/NAME@COMMIT)."""
     dtype: str = ""
     block_size: int = 0
     hash_algorithm: str = ""
@@ -63,6 +63,8 @@ class WorkerInfo:
     """The most sequences one engine step runs (0: not said, an older worker)."""
     max_model_len: int = 0
     """The longest sequence its engine admits (0: not said, an older worker)."""
+    device: str = ""
+    """Where it computes and the GPUs it was given ("cuda:0 (CUDA_VISIBLE_DEVICES=2)", "cpu")."""
 
 
 @dataclass(frozen=True, slots=True)

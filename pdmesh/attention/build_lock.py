@@ -18,7 +18,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pdmesh.errors import PdmeshError
@@ -42,13 +42,15 @@ class BuildLockTimeoutError(PdmeshError):
 
 
 @contextlib.contextmanager
-def build_lock(build_dir: Path, wait_s: float = BUILD_WAIT_S, poll_s: float = 0.5) -> Iterator[None]:
+def build_lock(build_dir: Path, wait_s: float = BUILD_WAIT_S, poll_s: float = 0.5,
+               on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold ``build_dir`` for one build: wait (at most ``wait_s``) while another live
-    process builds there, then remove a torch lock file that no live build holds."""
+    process builds there, then remove a torch lock file that no live build holds.
+    ``on_wait`` is told the holder's pid once, when a wait begins."""
     build_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(build_dir / OWN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if _acquire(fd, build_dir, wait_s, poll_s):
+        if _acquire(fd, build_dir, wait_s, poll_s, on_wait):
             os.ftruncate(fd, 0)
             os.write(fd, str(os.getpid()).encode())  # read by the next waiter's log line
             stale = build_dir / TORCH_LOCK
@@ -61,7 +63,8 @@ def build_lock(build_dir: Path, wait_s: float = BUILD_WAIT_S, poll_s: float = 0.
         os.close(fd)  # drops the flock
 
 
-def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> bool:
+def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float,
+             on_wait: Callable[[str], None] | None = None) -> bool:
     """True once the flock is held; False where the filesystem refuses flock (some network
     mounts), after a warning: the build then runs under torch's lock alone."""
     deadline = time.monotonic() + wait_s
@@ -79,6 +82,8 @@ def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> bool:
         if not told:
             holder = (build_dir / OWN_LOCK).read_text().strip() or "?"
             log.info("waiting for process %s's kernel build in %s (at most %.0f s)", holder, build_dir, wait_s)
+            if on_wait is not None:
+                on_wait(holder)
             told = True
         if time.monotonic() > deadline:
             raise BuildLockTimeoutError(f"another process has held the kernel build folder {build_dir} for "
@@ -86,16 +91,21 @@ def _acquire(fd: int, build_dir: Path, wait_s: float, poll_s: float) -> bool:
         time.sleep(poll_s)
 
 
-@contextlib.contextmanager
-def build_mark(building: bool) -> Iterator[None]:
-    """Within the block, ``$PDMESH_KERNEL_BUILD_MARK`` exists if ``building`` (nothing when
-    the variable is unset: a process no launcher waits on)."""
-    mark = os.environ.get(BUILD_MARK_ENV, "")
-    if not (building and mark):
-        yield
-        return
-    Path(mark).touch()
-    try:
-        yield
-    finally:
-        Path(mark).unlink(missing_ok=True)
+class BuildMark:
+    """``$PDMESH_KERNEL_BUILD_MARK``, shown (the file exists) from ``show`` to the end of
+    the ``with`` block: while this process compiles, or waits for another's compile.
+    Nothing when the variable is unset (a process no launcher waits on)."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get(BUILD_MARK_ENV, "")
+
+    def show(self) -> None:
+        if self.path:
+            Path(self.path).touch()
+
+    def __enter__(self) -> BuildMark:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.path:
+            Path(self.path).unlink(missing_ok=True)

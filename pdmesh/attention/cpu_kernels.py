@@ -1,7 +1,8 @@
 """Build (once per machine) and load pdmesh's C++ CPU kernels (``csrc/``).
 
 They are compiled with torch's cpp_extension on first use and cached in torch's extension
-folder. The module name carries a digest of the sources, the torch version and this CPU's
+folder (``extension_build.py``: from a copy of the sources in that folder, so another checkout
+of the same sources loads the same build). The module name carries a digest of the sources, the torch version and this CPU's
 instruction-set flags: the kernels are built with ``-march=native``, and a cache built on
 an AVX-512 machine must never be loaded on an AVX2-only one.
 """
@@ -16,7 +17,7 @@ from types import ModuleType
 
 import torch
 
-from pdmesh.attention.build_lock import build_lock, build_mark
+from pdmesh.attention.extension_build import build_extension
 from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
@@ -59,22 +60,8 @@ def build_tree(csrc: Path, extra_cflags: tuple[str, ...] = ()) -> ModuleType:
     """Another checkout's kernels, built as ``load`` builds these plus ``extra_cflags``
     (``-mno-avx512f``: the code an AVX2-only machine runs): for scripts that time two
     versions of a kernel side by side in one process."""
-    return _build(tree_module_name(csrc, extra_cflags), [csrc / s.name for s in SOURCES], (*CFLAGS, *extra_cflags))
-
-
-def _build(name: str, sources: list[Path], cflags: tuple[str, ...]) -> ModuleType:
-    """torch's build of ``sources`` as ``name``, one build per folder at a time
-    (``build_lock``: a build killed midway never blocks the next)."""
-    from torch.utils.cpp_extension import _get_build_directory
-    from torch.utils.cpp_extension import load as build
-
-    build_dir = Path(_get_build_directory(name, verbose=False))
-    building = not (build_dir / f"{name}.so").exists()
-    if building:
-        log.info("building pdmesh's CPU kernels %s (once per machine, sources and torch: minutes on two cores)", name)
-    with build_mark(building), build_lock(build_dir):
-        return build(name=name, sources=[str(s) for s in sources], extra_cflags=list(cflags),
-                     extra_ldflags=list(LDFLAGS), verbose=False)
+    return build_extension(tree_module_name(csrc, extra_cflags), [csrc / s.name for s in SOURCES],
+                           sorted(p for p in csrc.iterdir() if p.suffix == ".h"), (*CFLAGS, *extra_cflags), LDFLAGS)
 
 
 @functools.cache
@@ -82,7 +69,7 @@ def load() -> ModuleType:
     """The compiled module; raises ``KernelsUnavailableError`` saying why it is not."""
     name = module_name(cpu_flags())
     try:
-        module = _build(name, list(SOURCES), CFLAGS)
+        module = build_extension(name, SOURCES, HEADERS, CFLAGS, LDFLAGS)
     except Exception as exc:  # compiler, ninja or headers missing: say which
         raise KernelsUnavailableError(f"the CPU kernels could not be built: {exc}") from exc
     log.info("loaded CPU kernels %s", name)

@@ -51,21 +51,23 @@ def security_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from pdmesh.client import Client
+    from pdmesh.client import Client, router_address
 
-    with Client(args.router, security=security_from_args(args)) as client:
+    with Client(router_address(args.router), security=security_from_args(args)) as client:
         try:
             resp = client.list_workers()
         except grpc.RpcError as exc:
             print(f"pdmesh status: {args.router}: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
             return 1
     print(f"router {args.router}   prefix index: {resp.index}")
-    header = ("ROLE", "WORKER", "ADDRESS", "STATE", "IN-FLIGHT", "RUNNING", "WAITING", "FREE/BLOCKS", "FROM", "REASON")
+    header = ("ROLE", "WORKER", "ADDRESS", "DEVICE", "STATE", "IN-FLIGHT", "RUNNING", "WAITING", "FREE/BLOCKS",
+              "FROM", "REASON")
     rows = [header]
     for w in sorted(resp.workers, key=lambda w: (w.role, w.address)):
         i = w.info
         has = w.HasField("info")
-        rows.append((w.role, i.worker_id if has else "?", w.address, w.state, str(w.in_flight),
+        rows.append((w.role, i.worker_id if has else "?", w.address, (i.device or "?") if has else "-",
+                     w.state, str(w.in_flight),
                      str(i.num_running) if has else "-", str(i.num_waiting) if has else "-",
                      f"{i.free_blocks}/{i.num_blocks}" if has else "-",
                      "redis" if w.joined else "seed", w.refused_reason))

@@ -26,6 +26,7 @@ from pdmesh.attention.backend import AttentionMetadata
 from pdmesh.attention.flashinfer_backend import FlashInferBackend, plan
 from pdmesh.attention.paged_index import PagedIndex, paged_index
 from pdmesh.model.llama import LlamaForCausalLM
+from pdmesh.startup import set_phase
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class DecodeGraphs:
         self._graphs: dict[int, _Graph] = {}
         self.replays = 0
         """Steps served by a graph (the rest ran eagerly)."""
+        set_phase(f"capturing CUDA graphs for {len(self.batches)} decode batch sizes")
         pool = torch.cuda.graph_pool_handle()
         for batch in reversed(self.batches):  # largest first: the smaller ones reuse its memory
             self._graphs[batch] = self._capture(batch, pool)

@@ -12,12 +12,14 @@ import math
 import torch
 
 from pdmesh.huge_pages import host_pool
+from pdmesh.startup import set_phase
 
 
 def kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, str]:
     """The zeroed pool and a line saying what memory holds it. In host memory it is on
     transparent huge pages where the host allows (``huge_pages.py``: KV copies between
     processes cost ~30% less there)."""
+    set_phase(f"touching the KV pool ({math.prod(shape) * dtype.itemsize / 2**30:.2f} GiB)")
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device), f"KV pool on {device}"
     count = math.prod(shape)

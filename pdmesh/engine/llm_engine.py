@@ -21,6 +21,7 @@ from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
 from pdmesh.engine.forks import expand_forks, fork_siblings
 from pdmesh.engine.handoff import KVHandoff
+from pdmesh.engine.kv_sizing import DeviceMemory, pool_blocks
 from pdmesh.engine.model_runner import CudaGraphSizes, ModelRunner, StepResult
 from pdmesh.engine.output import RequestState
 from pdmesh.engine.resume import Resume
@@ -42,6 +43,14 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.tokenizer import Tokenizer
 
 
+def _device_memory(device: str) -> DeviceMemory | None:
+    """The CUDA device's free and total bytes now (after the weights loaded); None on CPU."""
+    if not device.startswith("cuda"):
+        return None
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return DeviceMemory(int(free), int(total))
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -56,7 +65,8 @@ class LLMEngine:
         cc = config.cache
         self.hasher = BlockHasher(cc.block_size, cc.hash_seed, cc.hash_algorithm)
         layout = KVLayout.for_model(cfg, cc.block_size, str(dtype).removeprefix("torch."))
-        num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_memory_gb * 2**30) // layout.block_bytes)
+        num_blocks = pool_blocks(cc, config.scheduler, cfg, layout.block_bytes, dtype.itemsize,
+                                 cc.gpu_memory_utilization, _device_memory(config.device))
         self.pool = BlockPool(num_blocks, cc.enable_prefix_caching, cc.prefix_eviction)
         self.kv = KVCacheManager(self.pool, self.hasher)
         self.scheduler = Scheduler(config.scheduler, self.kv)
@@ -84,6 +94,8 @@ class LLMEngine:
         self.prefill_cost = TokenCost()
         """Measured seconds per prompt token (advertised to routers)."""
         self.step_log = StepLog.from_env()
+        self.generated_tokens = 0
+        """Tokens sampled and kept since start (the workers' periodic stats line)."""
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -281,6 +293,7 @@ class LLMEngine:
         state = self._requests[seq.request_id]
         p = seq.params
         seq.token_ids.append(token)
+        self.generated_tokens += 1
         if lp is not None:
             seq.logprobs.append(lp)
         if state.metrics.first_token_time is None:

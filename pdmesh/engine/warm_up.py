@@ -30,6 +30,7 @@ from pdmesh.engine.step_cost import TokenCost
 from pdmesh.errors import UnknownRequestError
 from pdmesh.measure_lock import not_while_measuring
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.startup import set_phase
 
 if TYPE_CHECKING:
     from pdmesh.engine.llm_engine import LLMEngine
@@ -65,6 +66,7 @@ def warm_up(engine: LLMEngine, wanted: int = -1) -> WarmUp | None:
         return None
     if engine.has_unfinished_requests():
         raise RuntimeError("warm_up runs before the engine takes requests")
+    set_phase(f"warming up (a {tokens}-token prompt)")
     vocab = engine.model_config.vocab_size
     prompt = [1 + i % (vocab - 1) for i in range(tokens)]
     with not_while_measuring("the warm-up"):

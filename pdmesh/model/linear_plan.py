@@ -40,6 +40,7 @@ import torch
 from pdmesh.cpu import cpu_flags
 from pdmesh.measure_lock import measuring_alone
 from pdmesh.model import onednn, plan_store
+from pdmesh.startup import set_phase
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ def choose(weights: list[torch.Tensor], products: Mapping[Product, ProductFn], a
     extra = [Product.ONEDNN] if onednn.available() else []
     names = [list(dict.fromkeys([d, Product.LINEAR, *extra])) for d in defaults]
     key = _store_key(weights, names, products) if share else None
+    set_phase("measuring the linear plan (or waiting for another process's measurement)")
     with measuring_alone("the linear-plan probe"):
         stored = _stored(key) if key else None
         if stored is not None:

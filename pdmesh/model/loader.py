@@ -14,6 +14,7 @@ from pdmesh.kv.layout import resolve_dtype_name
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import RotaryEmbedding
 from pdmesh.model.llama import LlamaForCausalLM
+from pdmesh.startup import set_phase
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,7 +37,9 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in safetensors_files(path):
+    files = safetensors_files(path)
+    for i, file in enumerate(files):
+        set_phase(f"loading weights {i + 1}/{len(files)} shards")
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)

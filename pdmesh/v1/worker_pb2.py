@@ -26,7 +26,7 @@ from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 from pdmesh.v1 import generate_pb2 as pdmesh_dot_v1_dot_generate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/worker.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\x1a\x18pdmesh/v1/generate.proto\"\r\n\x0bInfoRequest\"\xd2\x06\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.pdmesh.v1.WorkerRole\x12\r\n\x05model\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x16\n\x0ehash_algorithm\x18\x06 \x01(\t\x12\x11\n\thash_seed\x18\x07 \x01(\x04\x12\x12\n\nnum_blocks\x18\x08 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\t \x01(\r\x12\x13\n\x0bnum_running\x18\n \x01(\r\x12\x13\n\x0bnum_waiting\x18\x0b \x01(\r\x12\x15\n\rnixl_metadata\x18\x0c \x01(\x0c\x12\x14\n\x0ckv_base_addr\x18\r \x01(\x04\x12\x16\n\x0ekv_block_bytes\x18\x0e \x01(\x04\x12\r\n\x05\x65poch\x18\x0f \x01(\t\x12\x13\n\x0b\x63ompat_hash\x18\x10 \x01(\t\x12\x13\n\x0bkv_mem_type\x18\x11 \x01(\t\x12\x14\n\x0ckv_device_id\x18\x12 \x01(\r\x12\x13\n\x0bused_blocks\x18\x13 \x01(\r\x12\x15\n\rcached_blocks\x18\x14 \x01(\r\x12\x14\n\x0cnum_handoffs\x18\x15 \x01(\r\x12\x1e\n\x16\x63omputed_prompt_tokens\x18\x16 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x17 \x01(\x04\x12\x15\n\rkv_bytes_sent\x18\x18 \x01(\x04\x12\x16\n\x0e\x65xpired_leases\x18\x19 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x1a \x01(\x01\x12\x1e\n\x16kvstore_fetched_tokens\x18\x1b \x01(\x04\x12 \n\x18kvstore_offloaded_blocks\x18\x1c \x01(\x04\x12\x19\n\x11overlapped_blocks\x18\x1d \x01(\x04\x12\x1d\n\x15queued_prefill_tokens\x18\x1e \x01(\x04\x12\x1c\n\x14prefill_us_per_token\x18\x1f \x01(\x01\x12\x1c\n\x14kvstore_us_per_token\x18  \x01(\x01\x12\x17\n\x0fpublishes_index\x18! \x01(\x08\x12\x14\n\x0cmax_num_seqs\x18\" \x01(\r\x12\x15\n\rmax_model_len\x18# \x01(\r\"\xd7\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12\x18\n\x10resume_token_ids\x18\x06 \x03(\r\x12\x19\n\x11resume_text_chars\x18\x07 \x01(\r\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x08 \x01(\t\"\xbc\x01\n\x08KvHandle\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x13\n\x0b\x63ompat_hash\x18\x05 \x01(\t\x12\x1c\n\x14lease_expiry_unix_ms\x18\x06 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x07 \x01(\t\x12\x16\n\x0eworker_address\x18\x08 \x01(\t\"\xe1\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12(\n\x0b\x64\x65stination\x18\x05 \x01(\x0b\x32\x13.pdmesh.v1.KvHandle\x12(\n\nindex_view\x18\x06 \x01(\x0b\x32\x14.pdmesh.v1.IndexView\x12\x0c\n\x04stop\x18\x07 \x01(\x08\"y\n\tIndexView\x12\x39\n\x0btier_blocks\x18\x01 \x03(\x0b\x32$.pdmesh.v1.IndexView.TierBlocksEntry\x1a\x31\n\x0fTierBlocksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xd9\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12.\n\rfirst_logprob\x18\x02 \x01(\x0b\x32\x17.pdmesh.v1.TokenLogprob\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x1a\n\x12\x62locks_transferred\x18\x04 \x01(\r\x12\x19\n\x11\x62ytes_transferred\x18\x05 \x01(\x04\x12\x12\n\nprefill_ms\x18\x06 \x01(\x02\x12\x13\n\x0btransfer_ms\x18\x07 \x01(\x02\x12\x17\n\nfirst_text\x18\x08 \x01(\tH\x00\x88\x01\x01\x12\x15\n\rfirst_stopped\x18\t \x01(\x08\x12\x1e\n\x11kv_written_inline\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x12\n\nfirst_only\x18\x0b \x01(\x08\x42\r\n\x0b_first_textB\x14\n\x12_kv_written_inline\"9\n\x11RenewLeaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"Z\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x11kv_written_inline\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_kv_written_inline\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xde\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12.\n\rfirst_logprob\x18\x03 \x01(\x0b\x32\x17.pdmesh.v1.TokenLogprob\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x13\n\x0btransfer_id\x18\x05 \x01(\t\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x06 \x01(\t\x12\x1e\n\x11kv_written_inline\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_kv_written_inline\"\x1e\n\x0b\x46\x65\x65\x64Request\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x01 \x01(\t\";\n\tFeedBatch\x12.\n\tresponses\x18\x01 \x03(\x0b\x32\x1b.pdmesh.v1.GenerateResponse*s\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x17\n\x13WORKER_ROLE_KVSTORE\x10\x03\x32?\n\x06Worker\x12\x35\n\x04Info\x12\x16.pdmesh.v1.InfoRequest\x1a\x15.pdmesh.v1.WorkerInfo2\x97\x01\n\x07Prefill\x12@\n\x07Prefill\x12\x19.pdmesh.v1.PrefillRequest\x1a\x1a.pdmesh.v1.PrefillResponse\x12J\n\rPrefillStream\x12\x19.pdmesh.v1.PrefillRequest\x1a\x1a.pdmesh.v1.PrefillResponse(\x01\x30\x01\x32\x8c\x03\n\x06\x44\x65\x63ode\x12\x39\n\x07Reserve\x12\x19.pdmesh.v1.ReserveRequest\x1a\x13.pdmesh.v1.KvHandle\x12?\n\nRenewLease\x12\x1c.pdmesh.v1.RenewLeaseRequest\x1a\x13.pdmesh.v1.KvHandle\x12@\n\x07Release\x12\x19.pdmesh.v1.ReleaseRequest\x1a\x1a.pdmesh.v1.ReleaseResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x18.pdmesh.v1.DecodeRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12I\n\rGenerateLocal\x12\x19.pdmesh.v1.ReserveRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12\x36\n\x04\x46\x65\x65\x64\x12\x16.pdmesh.v1.FeedRequest\x1a\x14.pdmesh.v1.FeedBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/worker.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\x1a\x18pdmesh/v1/generate.proto\"\r\n\x0bInfoRequest\"\xe2\x06\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.pdmesh.v1.WorkerRole\x12\r\n\x05model\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x16\n\x0ehash_algorithm\x18\x06 \x01(\t\x12\x11\n\thash_seed\x18\x07 \x01(\x04\x12\x12\n\nnum_blocks\x18\x08 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\t \x01(\r\x12\x13\n\x0bnum_running\x18\n \x01(\r\x12\x13\n\x0bnum_waiting\x18\x0b \x01(\r\x12\x15\n\rnixl_metadata\x18\x0c \x01(\x0c\x12\x14\n\x0ckv_base_addr\x18\r \x01(\x04\x12\x16\n\x0ekv_block_bytes\x18\x0e \x01(\x04\x12\r\n\x05\x65poch\x18\x0f \x01(\t\x12\x13\n\x0b\x63ompat_hash\x18\x10 \x01(\t\x12\x13\n\x0bkv_mem_type\x18\x11 \x01(\t\x12\x14\n\x0ckv_device_id\x18\x12 \x01(\r\x12\x13\n\x0bused_blocks\x18\x13 \x01(\r\x12\x15\n\rcached_blocks\x18\x14 \x01(\r\x12\x14\n\x0cnum_handoffs\x18\x15 \x01(\r\x12\x1e\n\x16\x63omputed_prompt_tokens\x18\x16 \x01(\x04\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x17 \x01(\x04\x12\x15\n\rkv_bytes_sent\x18\x18 \x01(\x04\x12\x16\n\x0e\x65xpired_leases\x18\x19 \x01(\x04\x12\x1b\n\x13kv_transfer_seconds\x18\x1a \x01(\x01\x12\x1e\n\x16kvstore_fetched_tokens\x18\x1b \x01(\x04\x12 \n\x18kvstore_offloaded_blocks\x18\x1c \x01(\x04\x12\x19\n\x11overlapped_blocks\x18\x1d \x01(\x04\x12\x1d\n\x15queued_prefill_tokens\x18\x1e \x01(\x04\x12\x1c\n\x14prefill_us_per_token\x18\x1f \x01(\x01\x12\x1c\n\x14kvstore_us_per_token\x18  \x01(\x01\x12\x17\n\x0fpublishes_index\x18! \x01(\x08\x12\x14\n\x0cmax_num_seqs\x18\" \x01(\r\x12\x15\n\rmax_model_len\x18# \x01(\r\x12\x0e\n\x06\x64\x65vice\x18$ \x01(\t\"\xd7\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12\x10\n\x08lease_ms\x18\x05 \x01(\r\x12\x18\n\x10resume_token_ids\x18\x06 \x03(\r\x12\x19\n\x11resume_text_chars\x18\x07 \x01(\r\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x08 \x01(\t\"\xbc\x01\n\x08KvHandle\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\r\x12\x13\n\x0b\x66irst_block\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x13\n\x0b\x63ompat_hash\x18\x05 \x01(\t\x12\x1c\n\x14lease_expiry_unix_ms\x18\x06 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x07 \x01(\t\x12\x16\n\x0eworker_address\x18\x08 \x01(\t\"\xe1\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x04 \x01(\t\x12(\n\x0b\x64\x65stination\x18\x05 \x01(\x0b\x32\x13.pdmesh.v1.KvHandle\x12(\n\nindex_view\x18\x06 \x01(\x0b\x32\x14.pdmesh.v1.IndexView\x12\x0c\n\x04stop\x18\x07 \x01(\x08\"y\n\tIndexView\x12\x39\n\x0btier_blocks\x18\x01 \x03(\x0b\x32$.pdmesh.v1.IndexView.TierBlocksEntry\x1a\x31\n\x0fTierBlocksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xd9\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\r\x12.\n\rfirst_logprob\x18\x02 \x01(\x0b\x32\x17.pdmesh.v1.TokenLogprob\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x1a\n\x12\x62locks_transferred\x18\x04 \x01(\r\x12\x19\n\x11\x62ytes_transferred\x18\x05 \x01(\x04\x12\x12\n\nprefill_ms\x18\x06 \x01(\x02\x12\x13\n\x0btransfer_ms\x18\x07 \x01(\x02\x12\x17\n\nfirst_text\x18\x08 \x01(\tH\x00\x88\x01\x01\x12\x15\n\rfirst_stopped\x18\t \x01(\x08\x12\x1e\n\x11kv_written_inline\x18\n \x01(\x08H\x01\x88\x01\x01\x12\x12\n\nfirst_only\x18\x0b \x01(\x08\x42\r\n\x0b_first_textB\x14\n\x12_kv_written_inline\"9\n\x11RenewLeaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"Z\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1e\n\x11kv_written_inline\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_kv_written_inline\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xde\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\r\x12.\n\rfirst_logprob\x18\x03 \x01(\x0b\x32\x17.pdmesh.v1.TokenLogprob\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x13\n\x0btransfer_id\x18\x05 \x01(\t\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x06 \x01(\t\x12\x1e\n\x11kv_written_inline\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_kv_written_inline\"\x1e\n\x0b\x46\x65\x65\x64Request\x12\x0f\n\x07\x66\x65\x65\x64_id\x18\x01 \x01(\t\";\n\tFeedBatch\x12.\n\tresponses\x18\x01 \x03(\x0b\x32\x1b.pdmesh.v1.GenerateResponse*s\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x01\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x02\x12\x17\n\x13WORKER_ROLE_KVSTORE\x10\x03\x32?\n\x06Worker\x12\x35\n\x04Info\x12\x16.pdmesh.v1.InfoRequest\x1a\x15.pdmesh.v1.WorkerInfo2\x97\x01\n\x07Prefill\x12@\n\x07Prefill\x12\x19.pdmesh.v1.PrefillRequest\x1a\x1a.pdmesh.v1.PrefillResponse\x12J\n\rPrefillStream\x12\x19.pdmesh.v1.PrefillRequest\x1a\x1a.pdmesh.v1.PrefillResponse(\x01\x30\x01\x32\x8c\x03\n\x06\x44\x65\x63ode\x12\x39\n\x07Reserve\x12\x19.pdmesh.v1.ReserveRequest\x1a\x13.pdmesh.v1.KvHandle\x12?\n\nRenewLease\x12\x1c.pdmesh.v1.RenewLeaseRequest\x1a\x13.pdmesh.v1.KvHandle\x12@\n\x07Release\x12\x19.pdmesh.v1.ReleaseRequest\x1a\x1a.pdmesh.v1.ReleaseResponse\x12\x41\n\x06\x44\x65\x63ode\x12\x18.pdmesh.v1.DecodeRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12I\n\rGenerateLocal\x12\x19.pdmesh.v1.ReserveRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12\x36\n\x04\x46\x65\x65\x64\x12\x16.pdmesh.v1.FeedRequest\x1a\x14.pdmesh.v1.FeedBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,40 +35,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INDEXVIEW_TIERBLOCKSENTRY']._loaded_options = None
   _globals['_INDEXVIEW_TIERBLOCKSENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERROLE']._serialized_start=2569
-  _globals['_WORKERROLE']._serialized_end=2684
+  _globals['_WORKERROLE']._serialized_start=2585
+  _globals['_WORKERROLE']._serialized_end=2700
   _globals['_INFOREQUEST']._serialized_start=87
   _globals['_INFOREQUEST']._serialized_end=100
   _globals['_WORKERINFO']._serialized_start=103
-  _globals['_WORKERINFO']._serialized_end=953
-  _globals['_RESERVEREQUEST']._serialized_start=956
-  _globals['_RESERVEREQUEST']._serialized_end=1171
-  _globals['_KVHANDLE']._serialized_start=1174
-  _globals['_KVHANDLE']._serialized_end=1362
-  _globals['_PREFILLREQUEST']._serialized_start=1365
-  _globals['_PREFILLREQUEST']._serialized_end=1590
-  _globals['_INDEXVIEW']._serialized_start=1592
-  _globals['_INDEXVIEW']._serialized_end=1713
-  _globals['_INDEXVIEW_TIERBLOCKSENTRY']._serialized_start=1664
-  _globals['_INDEXVIEW_TIERBLOCKSENTRY']._serialized_end=1713
-  _globals['_PREFILLRESPONSE']._serialized_start=1716
-  _globals['_PREFILLRESPONSE']._serialized_end=2061
-  _globals['_RENEWLEASEREQUEST']._serialized_start=2063
-  _globals['_RENEWLEASEREQUEST']._serialized_end=2120
-  _globals['_RELEASEREQUEST']._serialized_start=2122
-  _globals['_RELEASEREQUEST']._serialized_end=2212
-  _globals['_RELEASERESPONSE']._serialized_start=2214
-  _globals['_RELEASERESPONSE']._serialized_end=2249
-  _globals['_DECODEREQUEST']._serialized_start=2252
-  _globals['_DECODEREQUEST']._serialized_end=2474
-  _globals['_FEEDREQUEST']._serialized_start=2476
-  _globals['_FEEDREQUEST']._serialized_end=2506
-  _globals['_FEEDBATCH']._serialized_start=2508
-  _globals['_FEEDBATCH']._serialized_end=2567
-  _globals['_WORKER']._serialized_start=2686
-  _globals['_WORKER']._serialized_end=2749
-  _globals['_PREFILL']._serialized_start=2752
-  _globals['_PREFILL']._serialized_end=2903
-  _globals['_DECODE']._serialized_start=2906
-  _globals['_DECODE']._serialized_end=3302
+  _globals['_WORKERINFO']._serialized_end=969
+  _globals['_RESERVEREQUEST']._serialized_start=972
+  _globals['_RESERVEREQUEST']._serialized_end=1187
+  _globals['_KVHANDLE']._serialized_start=1190
+  _globals['_KVHANDLE']._serialized_end=1378
+  _globals['_PREFILLREQUEST']._serialized_start=1381
+  _globals['_PREFILLREQUEST']._serialized_end=1606
+  _globals['_INDEXVIEW']._serialized_start=1608
+  _globals['_INDEXVIEW']._serialized_end=1729
+  _globals['_INDEXVIEW_TIERBLOCKSENTRY']._serialized_start=1680
+  _globals['_INDEXVIEW_TIERBLOCKSENTRY']._serialized_end=1729
+  _globals['_PREFILLRESPONSE']._serialized_start=1732
+  _globals['_PREFILLRESPONSE']._serialized_end=2077
+  _globals['_RENEWLEASEREQUEST']._serialized_start=2079
+  _globals['_RENEWLEASEREQUEST']._serialized_end=2136
+  _globals['_RELEASEREQUEST']._serialized_start=2138
+  _globals['_RELEASEREQUEST']._serialized_end=2228
+  _globals['_RELEASERESPONSE']._serialized_start=2230
+  _globals['_RELEASERESPONSE']._serialized_end=2265
+  _globals['_DECODEREQUEST']._serialized_start=2268
+  _globals['_DECODEREQUEST']._serialized_end=2490
+  _globals['_FEEDREQUEST']._serialized_start=2492
+  _globals['_FEEDREQUEST']._serialized_end=2522
+  _globals['_FEEDBATCH']._serialized_start=2524
+  _globals['_FEEDBATCH']._serialized_end=2583
+  _globals['_WORKER']._serialized_start=2702
+  _globals['_WORKER']._serialized_end=2765
+  _globals['_PREFILL']._serialized_start=2768
+  _globals['_PREFILL']._serialized_end=2919
+  _globals['_DECODE']._serialized_start=2922
+  _globals['_DECODE']._serialized_end=3318
 # @@protoc_insertion_point(module_scope)

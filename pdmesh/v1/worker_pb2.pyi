@@ -25,7 +25,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "role", "model", "dtype", "block_size", "hash_algorithm", "hash_seed", "num_blocks", "free_blocks", "num_running", "num_waiting", "nixl_metadata", "kv_base_addr", "kv_block_bytes", "epoch", "compat_hash", "kv_mem_type", "kv_device_id", "used_blocks", "cached_blocks", "num_handoffs", "computed_prompt_tokens", "cached_prompt_tokens", "kv_bytes_sent", "expired_leases", "kv_transfer_seconds", "kvstore_fetched_tokens", "kvstore_offloaded_blocks", "overlapped_blocks", "queued_prefill_tokens", "prefill_us_per_token", "kvstore_us_per_token", "publishes_index", "max_num_seqs", "max_model_len")
+    __slots__ = ("worker_id", "role", "model", "dtype", "block_size", "hash_algorithm", "hash_seed", "num_blocks", "free_blocks", "num_running", "num_waiting", "nixl_metadata", "kv_base_addr", "kv_block_bytes", "epoch", "compat_hash", "kv_mem_type", "kv_device_id", "used_blocks", "cached_blocks", "num_handoffs", "computed_prompt_tokens", "cached_prompt_tokens", "kv_bytes_sent", "expired_leases", "kv_transfer_seconds", "kvstore_fetched_tokens", "kvstore_offloaded_blocks", "overlapped_blocks", "queued_prefill_tokens", "prefill_us_per_token", "kvstore_us_per_token", "publishes_index", "max_num_seqs", "max_model_len", "device")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class WorkerInfo(_message.Message):
     PUBLISHES_INDEX_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: WorkerRole
     model: str
@@ -96,7 +97,8 @@ class WorkerInfo(_message.Message):
     publishes_index: bool
     max_num_seqs: int
     max_model_len: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., kvstore_fetched_tokens: _Optional[int] = ..., kvstore_offloaded_blocks: _Optional[int] = ..., overlapped_blocks: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., kvstore_us_per_token: _Optional[float] = ..., publishes_index: _Optional[bool] = ..., max_num_seqs: _Optional[int] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    device: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[_Union[WorkerRole, str]] = ..., model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., hash_algorithm: _Optional[str] = ..., hash_seed: _Optional[int] = ..., num_blocks: _Optional[int] = ..., free_blocks: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., nixl_metadata: _Optional[bytes] = ..., kv_base_addr: _Optional[int] = ..., kv_block_bytes: _Optional[int] = ..., epoch: _Optional[str] = ..., compat_hash: _Optional[str] = ..., kv_mem_type: _Optional[str] = ..., kv_device_id: _Optional[int] = ..., used_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., num_handoffs: _Optional[int] = ..., computed_prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ..., kv_bytes_sent: _Optional[int] = ..., expired_leases: _Optional[int] = ..., kv_transfer_seconds: _Optional[float] = ..., kvstore_fetched_tokens: _Optional[int] = ..., kvstore_offloaded_blocks: _Optional[int] = ..., overlapped_blocks: _Optional[int] = ..., queued_prefill_tokens: _Optional[int] = ..., prefill_us_per_token: _Optional[float] = ..., kvstore_us_per_token: _Optional[float] = ..., publishes_index: _Optional[bool] = ..., max_num_seqs: _Optional[int] = ..., max_model_len: _Optional[int] = ..., device: _Optional[str] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids", "sampling", "cache_salt", "lease_ms", "resume_token_ids", "resume_text_chars", "feed_id")

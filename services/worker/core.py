@@ -12,7 +12,6 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
@@ -29,6 +28,7 @@ from pdmesh.kv.transfer.copy_priority import CopyPriority, copy_priority
 from pdmesh.kv.transfer.nixl import NixlTransport
 from pdmesh.kv.transfer.runner import Moved, TransferRunner
 from pdmesh.mesh_types import WorkerInfo
+from pdmesh.model.source import identity_name
 from pdmesh.rpc.clients import fetch_info
 from pdmesh.rpc.process import advertised
 from pdmesh.rpc.single_flight import SingleFlight
@@ -78,6 +78,13 @@ def _copy_priority(cfg: WorkerConfig, region: KVRegion) -> CopyPriority:
     return priority
 
 
+def _device_text(device: str) -> str:
+    """The device as Info shows it, with the GPUs this process was given."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    name = "cuda:0" if device == "cuda" else device
+    return f"{name} (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else name
+
+
 WARM_READS = 4
 """Most one-block reads a new peer's connection is warmed with (``WorkerCore._warm``)."""
 
@@ -103,14 +110,42 @@ def _core_share(cfg: WorkerConfig) -> CoreShare:
 
 
 class WorkerCore:
+    """A worker's engine, NIXL transport and counters. Built in two steps: the identity
+    first (the server is bound and answers health while the model loads), then ``load``,
+    before which the readiness gate lets no call reach a servicer."""
+
+    engine: LLMEngine
+    aeng: AsyncLLMEngine
+    transport: KVTransport
+    transfers: TransferRunner
+    dtype_name: str
+    compat: str
+    """Set by ``load``."""
+
     def __init__(self, cfg: WorkerConfig, port: int) -> None:
         self.cfg = cfg
         self.port = port
         self.worker_id = cfg.resolved_id(port)
         self.address = advertised(cfg.advertise_address, cfg.host, port)
         self.epoch = uuid.uuid4().hex[:12]
-        # Not on this (the event loop's) thread: the engine thread must be the process's
-        # only OpenMP pool (compute_thread.py).
+        self.device = _device_text(cfg.device)
+        self.counters = Counters()
+        self.kvstore_cost = TokenCost(min_tokens=1)
+        """Seconds per prompt token fetched from the kvstore (lookup + read), advertised."""
+        self.metrics = CollectorRegistry()
+        self.request_metrics = RequestMetrics(self.metrics, cfg.role)
+        self._connects: SingleFlight[None] = SingleFlight()
+        """One NIXL connection attempt per peer at a time (``ensure_peer``)."""
+        self._warmed: set[tuple[str, str]] = set()
+        """Peers (id, epoch) whose connection a read warmed (``_warm``): once per start of
+        each, a failed read too."""
+
+    def load(self) -> None:
+        """Build the engine (weights, kernels, plan, KV pool, warm-up) and register its pool
+        with NIXL. Blocking for as long as that takes: call it off the event loop."""
+        cfg = self.cfg
+        # Not on the event loop's thread: the engine thread must be the process's only
+        # OpenMP pool (compute_thread.py).
         self.engine = build_on_passing_thread(lambda: _warmed(LLMEngine(cfg.engine_config()), cfg.warmup_tokens))
         self.aeng = AsyncLLMEngine(self.engine)
         if cfg.core_share:
@@ -118,19 +153,9 @@ class WorkerCore:
         region = KVRegion.of_tensor(self.engine.runner.kv_cache)
         self.transport = _transport(self.worker_id, region)
         self.transfers = TransferRunner(self.transport, _copy_priority(cfg, region))
-        self._connects: SingleFlight[None] = SingleFlight()
-        """One NIXL connection attempt per peer at a time (``ensure_peer``)."""
-        self._warmed: set[tuple[str, str]] = set()
-        """Peers (id, epoch) whose connection a read warmed (``_warm``): once per start of
-        each, a failed read too."""
         self.dtype_name = str(self.engine.dtype).split(".")[-1]
         layout = KVLayout.for_model(self.engine.model_config, cfg.block_size, self.dtype_name)
         self.compat = layout.compat_hash(cfg.model, cfg.hash_algorithm, cfg.hash_seed)
-        self.counters = Counters()
-        self.kvstore_cost = TokenCost(min_tokens=1)
-        """Seconds per prompt token fetched from the kvstore (lookup + read), advertised."""
-        self.metrics = CollectorRegistry()
-        self.request_metrics = RequestMetrics(self.metrics, cfg.role)
         self.metrics.register(SnapshotCollector(lambda: self.aeng.call(lambda: worker_snapshot(self))))
 
     def info(self) -> WorkerInfo:
@@ -138,7 +163,7 @@ class WorkerCore:
         eng, c, t = self.engine, self.counters, self.transport
         stats = eng.pool.stats()
         return WorkerInfo(
-            worker_id=self.worker_id, role=self.cfg.role, model=Path(self.cfg.model).name,
+            worker_id=self.worker_id, role=self.cfg.role, model=identity_name(self.cfg.model),
             dtype=self.dtype_name, block_size=self.cfg.block_size,
             hash_algorithm=self.cfg.hash_algorithm, hash_seed=self.cfg.hash_seed,
             num_blocks=stats.num_blocks, free_blocks=eng.pool.num_free_blocks,
@@ -155,6 +180,7 @@ class WorkerCore:
             prefill_us_per_token=1e6 * eng.prefill_cost.s_per_token,
             kvstore_us_per_token=1e6 * self.kvstore_cost.s_per_token,
             max_num_seqs=eng.scheduler.config.max_num_seqs, max_model_len=eng.max_model_len,
+            device=self.device,
         )
 
     # -- KV transfer ------------------------------------------------------------------

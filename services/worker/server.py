@@ -18,13 +18,16 @@ import torch
 from grpc_health.v1 import health
 
 from pdmesh.rpc.process import cancel_all, freeze_startup_objects, write_port_file
+from pdmesh.rpc.readiness import ReadinessGate
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.rpc.tls import TLSFiles
+from pdmesh.startup import set_phase
 from pdmesh.telemetry.metrics import serve_metrics
 from services.worker import servicer
 from services.worker.config import WorkerConfig
 from services.worker.core import WorkerCore
+from services.worker.stats_log import log_stats, startup_summary
 
 log = logging.getLogger(__name__)
 Background = Coroutine[Any, Any, None]
@@ -39,33 +42,51 @@ class WorkerServer:
     core: WorkerCore
     names: list[str]
     """The gRPC services it serves (health reports each)."""
-    background: list[Background]
-    """Loops to run while serving (lease reaper, index publisher ...)."""
+    attach: Attach
+    gate: ReadinessGate
+    """Refuses calls to ``names`` until the engine is loaded."""
 
 
 def create_server(cfg: WorkerConfig, role_service: str, attach: Attach) -> WorkerServer:
+    """The bound server with every servicer added (grpc.aio takes none after start) over a
+    core whose engine is not built yet; ``serve`` loads it after the port opens."""
     names = [servicer.SERVICE, role_service]
+    gate = ReadinessGate(names)
     server, port, health_servicer = create_grpc_server(f"{cfg.host}:{cfg.port}", names,
-                                                       tls=TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca))
+                                                       tls=TLSFiles.load(cfg.tls_cert, cfg.tls_key, cfg.tls_ca),
+                                                       interceptors=[gate])
     core = WorkerCore(cfg, port)
     servicer.add_to_server(server, core)
-    return WorkerServer(server, health_servicer, core, names, attach(server, core))
+    return WorkerServer(server, health_servicer, core, names, attach, gate)
 
 
 async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
+    """Open the port (health NOT_SERVING, calls refused with the start-up phase), load the
+    model off the event loop, then serve: a startup probe sees the port from the start."""
     ws = create_server(cfg, role_service, attach)
     server, core, names = ws.server, ws.core, ws.names
-    tasks = [asyncio.create_task(b) for b in ws.background]
+    background_loops = ws.attach(server, core)
     await server.start()
-    serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
-    log.info("froze %d start-up objects out of the garbage collector's scans", freeze_startup_objects())
     write_port_file(cfg.port_file, core.port)
+    log.info("%s worker %s listening on %s; loading %s", cfg.role, core.worker_id, core.address, cfg.model)
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, core.load)
+    except BaseException:
+        for loop in background_loops:
+            loop.close()
+        raise
+    tasks = [asyncio.create_task(b) for b in background_loops]
+    serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
+    log.debug("froze %d start-up objects out of the garbage collector's scans", freeze_startup_objects())
+    ws.gate.open()
+    set_phase("serving")
     await set_serving(ws.health, names, True)
-    log.info("%s worker %s serving on %s", cfg.role, core.worker_id, core.address)
+    log.info("%s", startup_summary(cfg, core))
     log.info("process: %d torch threads; %s; %s", torch.get_num_threads(),
              core.engine.allocator.detail if core.engine.allocator else "allocator: not tuned (not a CPU engine)",
              core.engine.runner.kv_pages)
     print(f"pdmesh {cfg.role} {core.worker_id} ready on {core.address}", flush=True)
+    tasks.append(asyncio.create_task(log_stats(core)))
 
     leave = None
     if cfg.redis_url:

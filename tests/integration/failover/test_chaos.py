@@ -16,6 +16,7 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.rpc.health import is_serving
 from pdmesh.supervisor import Supervisor
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from tests.conftest import HFReference, mixed_prompts
@@ -81,8 +82,9 @@ def test_random_kills_under_load(llama_dir: Path, tmp_path: Path, hf_refs) -> No
                 f.result()
         for t in threads:
             t.join()
-        for _ in range(100):  # let the last killed process come back
-            if all(p.popen.poll() is None for p in mesh.processes()):
+        for _ in range(100):  # let the last killed process come back and serve
+            if all(p.popen.poll() is None and (p.name == "redis" or is_serving(p.address))
+                   for p in mesh.processes()):
                 break
             sup.check()
             time.sleep(0.3)

@@ -19,8 +19,8 @@ from pdmesh.attention.build_lock import (
     OWN_LOCK,
     TORCH_LOCK,
     BuildLockTimeoutError,
+    BuildMark,
     build_lock,
-    build_mark,
 )
 
 _HOLDER = """
@@ -85,13 +85,16 @@ def test_the_build_mark_exists_only_while_a_build_runs_and_only_when_asked_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mark = tmp_path / "decode-0.building"
     monkeypatch.delenv(BUILD_MARK_ENV, raising=False)
-    with build_mark(True):  # no launcher waits on this process: nothing to show
+    with BuildMark() as shown:  # no launcher waits on this process: nothing to show
+        shown.show()
         assert not mark.exists()
     monkeypatch.setenv(BUILD_MARK_ENV, str(mark))
-    with build_mark(False):  # the kernels are built already
+    with BuildMark():  # the kernels are built already: never shown
         assert not mark.exists()
     with pytest.raises(RuntimeError):
-        with build_mark(True):
+        with BuildMark() as shown:
+            assert not mark.exists()
+            shown.show()  # compiling, or waiting for another process's compile
             assert mark.exists()
             raise RuntimeError("the compiler failed")
     assert not mark.exists()
@@ -106,7 +109,8 @@ def test_a_worker_that_builds_the_kernels_is_given_more_time_to_start(tmp_path: 
 
     monkeypatch.setattr(launcher, "BUILD_WAIT_S", 2.0)
     mesh = launcher.Mesh(launcher.MeshSpec(model="m", log_dir=str(tmp_path), start_timeout_s=0.5))
-    building = "import time\nfrom pdmesh.attention.build_lock import build_mark\nwith build_mark(True): time.sleep(60)"
+    building = ("import time\nfrom pdmesh.attention.build_lock import BuildMark\n"
+                "with BuildMark() as m:\n    m.show(); time.sleep(60)")
     for code, least, most, why in ((building, 2.5, 6.0, "building pdmesh's CPU kernels"),
                                    ("import time; time.sleep(60)", 0.5, 2.0, "")):
         env = dict(os.environ, **{BUILD_MARK_ENV: str(mesh._build_mark("prefill-0"))})

@@ -1,0 +1,64 @@
+"""How many KV blocks an engine's pool gets.
+
+In order: ``num_blocks`` as given; on CUDA with ``gpu_memory_utilization``, what that
+fraction of the device leaves after everything already on it (this worker's weights, any
+other process) and a step's activations, as vLLM's flag of the same name does; else
+``kv_cache_memory_gb``. A budget that cannot hold one block is refused with the figures,
+rather than an out-of-memory error in the first large batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdmesh.config import CacheConfig, SchedulerConfig
+from pdmesh.errors import InvalidRequestError
+from pdmesh.model.config import ModelConfig
+
+GIB = 2**30
+WORKSPACE_BYTES = 512 * 2**20
+"""Held back beyond the step's tensors: attention workspaces, the CUDA graphs' pools,
+cuBLAS's workspace, the allocator's fragmentation."""
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    free: int
+    """Bytes free on the device now (``torch.cuda.mem_get_info``), weights already loaded."""
+    total: int
+
+
+def activation_bytes(cfg: ModelConfig, sched: SchedulerConfig, elem_bytes: int) -> int:
+    """An upper estimate of one step's transient tensors: every batched token's widest
+    activations (the gate/up output and its product, q/k/v, residual and norms) and
+    float32 logits for every sequence's sampled row, twice (the sampler's copies)."""
+    per_token = 3 * cfg.intermediate_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim \
+        + 4 * cfg.hidden_size
+    logits = 2 * sched.max_num_seqs * cfg.vocab_size * 4
+    return sched.max_num_batched_tokens * per_token * elem_bytes + logits + WORKSPACE_BYTES
+
+
+def pool_blocks(cache: CacheConfig, sched: SchedulerConfig, cfg: ModelConfig, block_bytes: int,
+                elem_bytes: int, gpu_memory_utilization: float = 0.0,
+                memory: DeviceMemory | None = None) -> int:
+    """The pool's block count; ``memory`` is the device's, read after the weights loaded
+    (needed only with ``gpu_memory_utilization``)."""
+    if cache.num_blocks:
+        return cache.num_blocks
+    if not gpu_memory_utilization:
+        return max(1, int(cache.kv_cache_memory_gb * GIB) // block_bytes)
+    if memory is None:
+        raise InvalidRequestError("gpu_memory_utilization",
+                                  "applies to CUDA devices; on the CPU size the pool with --kv-cache-memory-gb "
+                                  "or --num-blocks")
+    in_use = memory.total - memory.free
+    reserve = activation_bytes(cfg, sched, elem_bytes)
+    budget = int(gpu_memory_utilization * memory.total) - in_use - reserve
+    if budget < block_bytes:
+        raise InvalidRequestError(
+            "gpu_memory_utilization",
+            f"{gpu_memory_utilization:g} of the device's {memory.total / GIB:.1f} GiB leaves "
+            f"{max(0, budget) / GIB:.2f} GiB for the KV pool after {in_use / GIB:.1f} GiB already in use "
+            f"(the weights, other processes) and {reserve / GIB:.2f} GiB for a step's activations; "
+            "raise it, lower --max-num-batched-tokens / --max-num-seqs, or give --num-blocks")
+    return budget // block_bytes

@@ -1,8 +1,8 @@
-"""pdmesh: disaggregated prefill/decode LLM serving.
+"""pdmesh: an LLM-inference service mesh with disaggregated prefill and decode.
 
-Commands: model make-tiny (write a seeded HF model folder), generate (one streamed
-generation, in process or through a mesh), up (a whole mesh on this machine), prefill |
-decode | router | kvstore (one service), bench engine | mesh | tracing (benchmarks)."""
+Start with `pdmesh up --model ORG/NAME` (a whole mesh on this machine), then call it over
+gRPC (port 50051), the OpenAI HTTP API (port 8000) or `pdmesh generate --router localhost`.
+Every command's --help ends with examples."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from pdmesh.bench import BENCH_DTYPE_HELP
+from pdmesh.cli.examples import add_examples
 from pdmesh.cli.options import add_config_flags
 from pdmesh.cli.options import config_from_args as _service_config  # noqa: F401 (tests, deploy checks)
 from pdmesh.cli.services import add_up_flags, config_class, run_service, run_up
@@ -58,7 +60,7 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
 
 
 def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
-    model = sub.add_parser("model", help="model utilities")
+    model = sub.add_parser("model", help="model utilities: make-tiny (a seeded test model)")
     msub = model.add_subparsers(dest="model_command", required=True)
     tiny = msub.add_parser("make-tiny", help="write a seeded random HF model folder (no download)")
     tiny.add_argument("dir", help="folder to write")
@@ -78,9 +80,14 @@ def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
 
 
 def _add_generate(sub) -> None:  # type: ignore[no-untyped-def]
-    gen = sub.add_parser("generate", help="stream one generation to the terminal")
+    from pdmesh.cli.status import add_security_flags
+
+    gen = sub.add_parser("generate", help="stream one generation to the terminal, in process (--model) or "
+                                          "through a mesh (--router)")
     add_config_flags(gen, EngineArgs, config_file=False)
-    gen.add_argument("--router", default=None, help="send to a running mesh at HOST:PORT instead of loading the model here (default: unset)")
+    gen.add_argument("--router", default=None,
+                     help="send to a running mesh at HOST[:PORT] (port 50051 unless given) instead of "
+                          "loading the model here (default: unset)")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default: 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
@@ -88,12 +95,18 @@ def _add_generate(sub) -> None:  # type: ignore[no-untyped-def]
     gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely; 0 = all (default: 0)")
     gen.add_argument("--seed", type=int, default=None, help="makes sampling reproducible (default: unset)")
     gen.add_argument("--stop", action="append", help="stop string, repeatable (default: none)")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--chat", action="store_true",
+                     help="send the prompt as a user message, rendered with the model's chat template "
+                          "(here with --model, by the router with --router)")
+    gen.add_argument("--timeout", type=float, default=600.0,
+                     help="with --router: the request's deadline in seconds (default: 600)")
+    add_security_flags(gen)
     gen.set_defaults(func=_generate)
 
 
 def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
-    bench = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
+    bench = sub.add_parser("bench", help="benchmarks, each printing a table and writing JSON: engine, mesh, "
+                                         "profile, serve, route-sim, route-mesh, spec, tracing")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     beng = bsub.add_parser("engine", help="the in-process engine vs transformers")
     add_config_flags(beng, EngineArgs, config_file=False)
@@ -106,7 +119,7 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     beng.set_defaults(func=_bench("engine"))
     bmesh = bsub.add_parser("mesh", help="the mesh vs in-process, routing policies, transfer, index")
     bmesh.add_argument("--model", required=True, help="Hugging Face model folder (required)")
-    bmesh.add_argument("--dtype", default="float32", help="weights and KV dtype (default: float32)")
+    bmesh.add_argument("--dtype", default="float32", help=BENCH_DTYPE_HELP)
     bmesh.add_argument("--out", default="bench-results/mesh.json", help="JSON report (default: %(default)s)")
     bmesh.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bmesh.add_argument("--threads", type=int, default=0,
@@ -149,7 +162,7 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     bspec = bsub.add_parser("spec", help="speculative decoding (n-gram, draft model) vs none, in process")
     bspec.add_argument("--model", required=True, help="Hugging Face model folder (required)")
     bspec.add_argument("--draft-model", default=None, help="also measure this draft model (default: unset)")
-    bspec.add_argument("--dtype", default="float32", help="weights and KV dtype (default: float32)")
+    bspec.add_argument("--dtype", default="float32", help=BENCH_DTYPE_HELP)
     bspec.add_argument("--num-speculative-tokens", default="3", help="k, or several: 3,5 (default: 3)")
     bspec.add_argument("--batches", default="1,4,16", help="batch sizes (default: 1,4,16)")
     bspec.add_argument("--disable-by-batch-size", type=int, default=SpeculativeConfig.disable_by_batch_size,
@@ -188,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_status(sub)
     add_probe(sub)
+    add_examples(parser)
     return parser
 
 

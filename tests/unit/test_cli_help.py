@@ -43,3 +43,24 @@ def test_an_unknown_attention_backend_is_an_error_that_lists_the_choices() -> No
     with pytest.raises(InvalidRequestError,
                        match=r"'flashattn' is not available; choose one of \['cpu', 'flashinfer', 'torch'\]"):
         build_backend("flashattn", "cpu", torch.float32, 64)
+
+
+def test_pdmesh_help_lists_every_command_and_each_ends_with_examples_that_parse(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    from pdmesh.cli.examples import EXAMPLES, leaf_commands
+
+    parser = build_parser()
+    top = parser.format_help()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert all(f"    {name}" in top for name in subs.choices), top
+    leaves = leaf_commands(parser)
+    assert set(leaves) == set(EXAMPLES)
+    for path, command in leaves.items():
+        help_text = command.format_help()
+        assert help_text.rstrip().splitlines()[-len(EXAMPLES[path]) - 1] == "examples:", path
+        for line in EXAMPLES[path]:
+            words = shlex.split(line)
+            assert words[0] == "pdmesh" and " ".join(words[1:1 + len(path.split())]) == path, line
+            parser.parse_args(words[1:])  # every flag of the example exists and takes its value

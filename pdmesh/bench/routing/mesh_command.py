@@ -10,6 +10,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+from pdmesh.bench import BENCH_DTYPE_HELP
 from pdmesh.bench.routing import report
 from pdmesh.bench.routing.mesh_run import (
     POLICIES,
@@ -36,7 +37,7 @@ the same for any policy, and the ratio to round robin ranged 1.61-3.46x by seed.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model folder (required)")
-    p.add_argument("--dtype", default="float32", help="(default: %(default)s)")
+    p.add_argument("--dtype", default="float32", help=BENCH_DTYPE_HELP)
     p.add_argument("--policies", default=POLICIES, help="prefill policies to compare (default: %(default)s)")
     p.add_argument("--loads", default="0.5,0.7,0.9", help="arrival rate / measured capacity (default: %(default)s)")
     p.add_argument("--capacity", type=float, default=0.0,

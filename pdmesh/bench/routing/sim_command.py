@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdmesh.bench import BENCH_DTYPE_HELP
 from pdmesh.bench.routing import report
 from pdmesh.bench.routing.traffic import (
     TrafficSpec,
@@ -31,7 +32,7 @@ POLICIES = "round_robin,least_loaded,prefix_hash,cache_aware"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="measure prefill costs on this model's engine "
                    "(default: unset: use --us-per-token / --overhead-ms)")
-    p.add_argument("--dtype", default="float32", help="dtype of that measurement (default: float32)")
+    p.add_argument("--dtype", default="float32", help=BENCH_DTYPE_HELP)
     p.add_argument("--us-per-token", type=float, default=700.0,
                    help="prefill cost per prompt token without --model (default: %(default)s)")
     p.add_argument("--overhead-ms", type=float, default=5.0, help="per request without --model (default: %(default)s)")

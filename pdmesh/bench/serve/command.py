@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pdmesh.bench import BENCH_DTYPE_HELP
 from pdmesh.bench.serve import cpu, report, servers
 from pdmesh.bench.serve.metrics import SLO, summarize
 from pdmesh.bench.serve.runner import Arrivals, run
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", default=None, help="a second target, run alternately (default: none)")
     p.add_argument("--model", default=None, help="model folder (needed to start pdmesh: or vllm: targets, "
                    "and the model name sent to HTTP targets; default: asked from /v1/models)")
-    p.add_argument("--dtype", default="float32", help="dtype of started servers (default: float32)")
+    p.add_argument("--dtype", default="float32", help=BENCH_DTYPE_HELP)
     p.add_argument("--kvstore", action="store_true", help="started pdmesh meshes get a kvstore")
     p.add_argument("--workload", default="random", choices=["random", "prefix", "chat", "jsonl"],
                    help="what to send (default: random)")

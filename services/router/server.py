@@ -52,7 +52,12 @@ async def serve(cfg: RouterConfig) -> None:
 
         http = HTTPFront(core, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""),
                          cfg.tls_cert, cfg.tls_key)
-        http_port = await http.start()
+        try:
+            http_port = await http.start()
+        except BaseException:  # a taken --http-port: one line, and no server left for the loop's end
+            await cancel_all(background)
+            await server.stop(0)
+            raise
         if cfg.port_file:
             write_port_file(cfg.port_file + ".http", http_port)
         scheme = "https" if cfg.tls_cert else "http"

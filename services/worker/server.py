@@ -71,9 +71,10 @@ async def serve(cfg: WorkerConfig, role_service: str, attach: Attach) -> None:
     log.info("%s worker %s listening on %s; loading %s", cfg.role, core.worker_id, core.address, cfg.model)
     try:
         await asyncio.get_running_loop().run_in_executor(None, core.load)
-    except BaseException:
+    except BaseException:  # the model did not load: say why, leaving nothing running
         for loop in background_loops:
             loop.close()
+        await server.stop(0)
         raise
     tasks = [asyncio.create_task(b) for b in background_loops]
     serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)

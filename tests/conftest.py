@@ -11,7 +11,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+"""Every family make-tiny draws: the dense ones, and four mixtures of experts."""
+MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +48,11 @@ class HFReference:
         self.model.eval()
 
     def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        out = self.model.generate(
-            self.torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens
-        )
+        ids = self.torch.tensor([prompt])
+        # An explicit mask: a tokenizer's BOS may share the pad token's id, which generate()
+        # would otherwise mask out.
+        out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=max_new_tokens)
         return out[0, len(prompt) :].tolist()
 
     def logprobs(self, tokens: list[int]):  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ from pdmesh.cli.options import config_from_args as _service_config  # noqa: F401
 from pdmesh.cli.services import add_up_flags, config_class, run_service, run_up
 from pdmesh.config import EngineArgs, SpeculativeConfig
 from pdmesh.errors import PdmeshError
+from pdmesh.tools import TINY_ARCHS
 
 _FORMAT = argparse.RawDescriptionHelpFormatter
 
@@ -64,8 +65,10 @@ def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
     msub = model.add_subparsers(dest="model_command", required=True)
     tiny = msub.add_parser("make-tiny", help="write a seeded random HF model folder (no download)")
     tiny.add_argument("dir", help="folder to write")
-    tiny.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"],
-                      help="architecture (default: llama)")
+    tiny.add_argument("--arch", default="llama", choices=TINY_ARCHS,
+                      help="architecture: a dense family, or a mixture of experts (qwen2_moe, qwen3_moe, "
+                           "mixtral, olmoe: tiny has 8 experts, 2 per token; small 64, 8 per token) "
+                           "(default: llama)")
     tiny.add_argument("--size", default="tiny", choices=["tiny", "small", "small-draft", "llama-8b"],
                       help="tiny: unit tests; small: the 40M default model; small-draft: a 2-layer "
                            "model with small's tokenizer, a draft for speculative decoding; llama-8b: "

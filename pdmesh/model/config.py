@@ -1,9 +1,11 @@
 """Parse a Hugging Face ``config.json`` into the one decoder shape pdmesh runs.
 
-Llama 2/3, Mistral, Qwen2 and Qwen3 are the same pre-norm decoder with a few switches
-(qkv bias, q/k RMSNorm, RoPE scaling). Anything that would change the math and that we do
-not implement raises ``UnsupportedModelError`` naming the field, rather than serving
-silently different tokens.
+Every family served is the same pre-norm decoder with a few switches: qkv / output biases,
+q/k RMSNorm (per head, or over the whole projection), clipped q/k/v, RoPE scaling
+(llama3, linear, LongRoPE), and a feed-forward that is a gated MLP or a mixture of experts
+(``moe_config.py``). Each family's own field names are read here, in one place. Anything
+that would change the math and that we do not implement raises ``UnsupportedModelError``
+naming the field, rather than serving silently different tokens.
 """
 
 from __future__ import annotations
@@ -14,14 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from pdmesh.errors import InvalidRequestError, UnsupportedModelError
+from pdmesh.model.moe_config import MoEConfig, parse_moe
 
-_ARCHITECTURES = {
+ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "OlmoeForCausalLM": "olmoe",
 }
-_ROPE_TYPES = ("default", "llama3", "linear")
+"""The ``architectures`` pdmesh serves, by family (the README's table of families)."""
+_ROPE_TYPES = ("default", "llama3", "linear", "longrope")
+_QWEN2 = ("qwen2", "qwen2_moe")
+_O_BIAS = ("llama", "mistral", "qwen3", "qwen3_moe", "olmoe")
+"""Families whose ``attention_bias`` also puts a bias on the output projection."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()
+    """longrope: per-frequency divisors below original_max_position_embeddings ..."""
+    long_factor: tuple[float, ...] = ()
+    """... and from it on."""
+    attention_factor: float = 1.0
+    """longrope: cos and sin are scaled by this."""
 
 
 @dataclass(frozen=True)
@@ -54,12 +72,19 @@ class ModelConfig:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool
+    """RMSNorm on q and k: per head (Qwen3) or, with ``qk_norm_whole``, over each whole
+    projection (OLMoE)."""
     tie_word_embeddings: bool
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
     """Set when the model uses sliding-window attention (served only within the window)."""
+    moe: MoEConfig | None = None
+    """The mixture of experts of the sparse layers (None: a dense model)."""
+    qk_norm_whole: bool = False
+    clip_qkv: float | None = None
+    """q, k and v are clamped to [-clip_qkv, clip_qkv] after their projection (OLMoE)."""
 
     def context_limit(self, requested: int | None) -> int:
         """The context to serve: ``requested`` (None or 0: the model's own), capped at the
@@ -88,15 +113,18 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], generation: dict[str, Any] | None = None) -> ModelConfig:
         archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in _ARCHITECTURES), None)
+        arch = next((a for a in archs if a in ARCHITECTURES), None)
         if arch is None:
             raise UnsupportedModelError(
-                f"architectures={archs!r} is not supported; pdmesh serves {sorted(_ARCHITECTURES)}"
+                f"architectures={archs!r} is not supported; pdmesh serves {', '.join(sorted(ARCHITECTURES))} "
+                "(README.md, 'Model families')"
             )
-        family = _ARCHITECTURES[arch]
+        family = ARCHITECTURES[arch]
         _reject_unsupported(raw)
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
+        layers = int(raw["num_hidden_layers"])
+        biased = bool(raw.get("attention_bias", False))
         eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -105,22 +133,25 @@ class ModelConfig:
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=num_heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
             head_dim=int(raw.get("head_dim") or hidden // num_heads),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope=_rope(raw),
-            qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
-            o_bias=family in ("llama", "mistral") and bool(raw.get("attention_bias", False)),
+            qkv_bias=bool(raw.get("qkv_bias", True)) if family in _QWEN2 else biased,
+            o_bias=family in _O_BIAS and biased,
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(int(e) for e in eos_ids),
             sliding_window=_sliding_window(raw, family),
+            moe=parse_moe(family, raw, layers),
+            qk_norm_whole=family == "olmoe",
+            clip_qkv=float(raw["clip_qkv"]) if family == "olmoe" and raw.get("clip_qkv") else None,
         )
 
 
@@ -130,27 +161,45 @@ def _rope(raw: dict[str, Any]) -> RopeConfig:
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
     if rope_type not in _ROPE_TYPES:
         raise UnsupportedModelError(
             f"rope_type={rope_type!r} is not supported; pdmesh implements {list(_ROPE_TYPES)}"
         )
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
+    if float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         raise UnsupportedModelError("partial_rotary_factor != 1.0 is not supported")
+    original = int(params.get("original_max_position_embeddings",
+                              raw.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))))
+    if rope_type == "longrope":
+        return _longrope(params, theta, original, int(raw.get("max_position_embeddings", original)))
     return RopeConfig(
         theta=theta,
         rope_type=rope_type,
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
-        ),
+        original_max_position_embeddings=original,
     )
+
+
+def _longrope(params: dict[str, Any], theta: float, original: int, max_positions: int) -> RopeConfig:
+    """LongRoPE (Phi-3): as transformers computes it, the attention factor from the ratio
+    of the context to the pre-training one when the config gives neither."""
+    import math
+
+    factor = params.get("factor") or max_positions / original
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeConfig(theta=theta, rope_type="longrope", factor=float(factor),
+                      original_max_position_embeddings=original,
+                      short_factor=tuple(float(f) for f in params["short_factor"]),
+                      long_factor=tuple(float(f) for f in params["long_factor"]), attention_factor=float(attention))
 
 
 def _sliding_window(raw: dict[str, Any], family: str) -> int | None:
     window = raw.get("sliding_window")
-    if family in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+    if family in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not raw.get("use_sliding_window", False):
         return None
     return int(window) if window else None
 
@@ -158,8 +207,12 @@ def _sliding_window(raw: dict[str, Any], family: str) -> int | None:
 def _reject_unsupported(raw: dict[str, Any]) -> None:
     if raw.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
-    if raw.get("quantization_config"):
-        raise UnsupportedModelError("quantization_config is set; quantized weights are not supported")
+    quant = raw.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise UnsupportedModelError(f"quantization_config (quant_method={method!r}) is not implemented: pdmesh "
+                                    "serves unquantized weights (float32, bfloat16, float16); use the checkpoint "
+                                    "they were quantized from")
     layer_types = raw.get("layer_types")
     if layer_types and any(t != "full_attention" for t in layer_types):
         raise UnsupportedModelError(

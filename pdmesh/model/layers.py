@@ -129,16 +129,37 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def longrope_inv_freq(rope: RopeConfig, head_dim: int, long: bool) -> torch.Tensor:
+    """LongRoPE's inverse frequencies: the base ones divided by the short or long factors."""
+    ext = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32)
+    return 1.0 / (ext * rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position, indexed per token."""
+    """cos/sin tables for every position, indexed per token.
+
+    LongRoPE (Phi-3) takes the short factors below ``original_max_position_embeddings`` and
+    the long ones from there on, per position, and scales both tables by its attention
+    factor. transformers instead switches a whole sequence to the long factors once it is
+    longer than that, and keeps the keys it cached with the short ones: a token's rotation
+    would then depend on how long its sequence grew, which no KV cache can share. Up to
+    the original context the two agree exactly (tested); beyond it pdmesh rotates as
+    vLLM does for a sequence that starts past it.
+    """
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
-        inv = rope_inv_freq(rope, head_dim)
-        freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv[None, :]
+        positions = torch.arange(max_positions, dtype=torch.int64).float()[:, None]
+        if rope.rope_type == "longrope":
+            short, long = (longrope_inv_freq(rope, head_dim, f) for f in (False, True))
+            cut = rope.original_max_position_embeddings
+            freqs = torch.cat([positions[:cut] * short[None, :], positions[cut:] * long[None, :]])
+        else:
+            freqs = positions * rope_inv_freq(rope, head_dim)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        scale = rope.attention_factor if rope.rope_type == "longrope" else 1.0
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, 1, head_dim] cos and sin, broadcastable over heads."""

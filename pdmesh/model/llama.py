@@ -1,4 +1,6 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""The decoder every served family shares (``model/config.py``: Llama 2/3, Mistral,
+Qwen2/3, Phi-3, and the mixture-of-experts Qwen2/3-MoE, Mixtral, OLMoE) over a paged KV
+cache; a family is its config's switches plus its checkpoint names (``model/weights.py``).
 
 Inputs are flattened across the batch ([T] token ids and positions); the attention backend
 writes each layer's K/V into the paged pool and attends over every sequence's context.
@@ -31,6 +33,8 @@ from pdmesh.model.layers import (
     linear,
     transposed_mm,
 )
+from pdmesh.model.moe import Experts, SparseMoE
+from pdmesh.model.weights import IndexKey, index_key, missing_parts, weight_writes
 
 
 class Attention(nn.Module):
@@ -44,8 +48,11 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.whole_norm = cfg.qk_norm_whole
+        q_dim, k_dim = (self.q_size, self.kv_size) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.clip = cfg.clip_qkv
         self.kernels: ModuleType | None = None
         """The CPU kernels when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
 
@@ -63,10 +70,14 @@ class Attention(nn.Module):
         written all the same)."""
         t = x.shape[0]
         q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
+        if self.whole_norm and self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # over each whole projection (OLMoE)
+        if self.clip is not None:
+            q, k, v = (p.clamp(-self.clip, self.clip) for p in (q, k, v))
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if not self.whole_norm and self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
         q = apply_rope_(self.kernels, q, cos, sin)
@@ -80,12 +91,14 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = Attention(cfg)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.mlp: GatedMLP | SparseMoE = (
+            SparseMoE(cfg.hidden_size, cfg.moe) if cfg.moe is not None and cfg.moe.is_sparse(index)
+            else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
 
     def forward(self, h, cos, sin, kv_layer, meta, backend, last=None):  # type: ignore[no-untyped-def]
         """The next hidden states of every row, or of ``last.rows`` alone."""
@@ -99,7 +112,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
         self.lm_head = (
@@ -118,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
         ops (None)."""
         self.few_rows = few_rows_kernel(kernels)
         for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, GatedMLP)):
+            if isinstance(m, (RMSNorm, Attention, GatedMLP, Experts)):
                 m.kernels = kernels
             elif isinstance(m, Linear):
                 m.few_rows = self.few_rows
@@ -197,71 +210,27 @@ class LlamaForCausalLM(nn.Module):
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load HF-named tensors, fusing q/k/v; every parameter must be set."""
+        """Load checkpoint tensors by the family's names (``model/weights.py``); every
+        element of every parameter must be written, each tensor in its expected shape."""
         params = dict(self.named_parameters())
-        pending: dict[str, dict[str, torch.Tensor]] = {}
-        loaded: set[str] = set()
+        params.update((n, b) for n, b in self.named_buffers() if n.endswith("e_score_correction_bias"))
+        written = dict.fromkeys(params, 0)
+        parts: dict[str, set[IndexKey]] = {}
         for name, tensor in weights:
-            target, part = _map_name(name)
-            if target is None or (target == "lm_head.weight" and self.lm_head is None):
-                continue
-            if target not in params:
-                raise UnsupportedModelError(f"weight {name!r} has no place in the {self.cfg.family} model")
-            if part is None:
-                _copy(params[target], tensor, name)
-                loaded.add(target)
-                continue
-            group = pending.setdefault(target, {})
-            group[part] = tensor
-            order = _FUSED_ORDER[target.rsplit(".", 2)[-2]]
-            if all(p in group for p in order):
-                _copy(params[target], torch.cat([group[p] for p in order], dim=0), name)
-                loaded.add(target)
-                del pending[target]
-        missing = sorted(set(params) - loaded)
-        if missing or pending:
-            raise UnsupportedModelError(
-                f"weights missing from the checkpoint: {missing or sorted(pending)}"
-            )
-
-
-_FUSED_ORDER = {"qkv": ("q", "k", "v")}
-_RENAMES = {
-    "self_attn.o_proj": "attn.o",
-    "self_attn.q_norm": "attn.q_norm",
-    "self_attn.k_norm": "attn.k_norm",
-    "mlp.down_proj": "mlp.down",
-    "mlp.gate_proj": "mlp.gate",
-    "mlp.up_proj": "mlp.up",
-    "input_layernorm": "input_norm",
-    "post_attention_layernorm": "post_attn_norm",
-}
-_FUSED = {
-    "self_attn.q_proj": ("attn.qkv", "q"),
-    "self_attn.k_proj": ("attn.qkv", "k"),
-    "self_attn.v_proj": ("attn.qkv", "v"),
-}
-
-
-def _map_name(name: str) -> tuple[str | None, str | None]:
-    """HF parameter name -> (our parameter name, fused part or None)."""
-    if name.endswith("rotary_emb.inv_freq"):
-        return None, None
-    if name == "model.embed_tokens.weight":
-        return "embed.weight", None
-    if name == "model.norm.weight":
-        return "norm.weight", None
-    if name == "lm_head.weight":
-        return "lm_head.weight", None
-    prefix = "model.layers."
-    if not name.startswith(prefix):
-        return name, None
-    idx, rest = name[len(prefix) :].split(".", 1)
-    module, leaf = rest.rsplit(".", 1)
-    if module in _FUSED:
-        target, part = _FUSED[module]
-        return f"layers.{idx}.{target}.{leaf}", f"{part}"
-    return f"layers.{idx}.{_RENAMES.get(module, module)}.{leaf}", None
+            writes = weight_writes(name, self.cfg)
+            for w in writes or ():
+                if w.param == "lm_head.weight" and self.lm_head is None:
+                    continue
+                if w.param not in params:
+                    raise UnsupportedModelError(f"weight {name!r} has no place in the {self.cfg.family} model")
+                dest = params[w.param][w.dest] if w.dest else params[w.param]
+                _copy(dest, tensor[w.src] if w.src else tensor, name)
+                written[w.param] += dest.numel()
+                parts.setdefault(w.param, set()).add(index_key(w.dest))
+        missing = sorted(n for n, p in params.items() if written[n] < p.numel())
+        if missing:
+            named = [missing_parts(n, parts.get(n, set()), self.cfg) for n in missing]
+            raise UnsupportedModelError(f"weights missing from the checkpoint: {', '.join(named)}")
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

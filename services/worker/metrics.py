@@ -30,6 +30,8 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
          eng.orphan_blocks(), role),
         ("gauge", "pdmesh_queue_depth", "Requests waiting for admission", eng.scheduler.num_waiting, role),
         ("gauge", "pdmesh_running_requests", "Requests running", len(eng.scheduler.running), role),
+        ("counter", "pdmesh_preemptions", "Sequences preempted for want of KV blocks (computed again later)",
+         eng.scheduler.num_preemptions, role),
         ("gauge", "pdmesh_kv_handoffs", "Reservations awaiting KV / KV held for a write",
          eng.handoff.count, role),
         ("counter", "pdmesh_prompt_tokens", tokens, c.computed_prompt_tokens, {**role, "source": "computed"}),

@@ -25,9 +25,12 @@ on the small test model once decode steps got faster, and a kill came after the 
 streams had ended (CI failed on no migration once)."""
 
 
-@pytest.fixture(scope="module")
-def mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    spec = MeshSpec(model=str(llama_dir), prefill=1, decode=2, worker_args=["--dtype", "float32",
+@pytest.fixture(scope="module", params=["llama", "qwen3_moe"])
+def mesh(request: pytest.FixtureRequest, model_dirs: dict[str, Path],
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """A dense model and a mixture of experts: seeded sampling continues identically on
+    another worker for both."""
+    spec = MeshSpec(model=str(model_dirs[request.param]), prefill=1, decode=2, worker_args=["--dtype", "float32",
                     "--num-blocks", "512"], router_args=["--info-interval-s", "0.2"],
                     log_dir=str(tmp_path_factory.mktemp("failover-logs")))
     with Mesh(spec) as m:

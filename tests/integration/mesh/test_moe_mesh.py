@@ -1,0 +1,108 @@
+"""A mixture-of-experts model through a real mesh (1 prefill + 1 decode worker, the kvstore
+tier; KV over NIXL): greedy tokens equal transformers' with prefill in chunks, prefix hits,
+n > 1, a prefix fetched back from the kvstore, and decode preempting in a small pool; no
+block left anywhere after each."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.telemetry.scrape import scrape, total
+from tests.conftest import HFReference, mixed_prompts
+from tests.integration.mesh.conftest import infos, wait_idle
+
+ARCH = "qwen3_moe"
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def moe_mesh(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    spec = MeshSpec(model=str(model_dirs[ARCH]), prefill=1, decode=1, kvstore=1,
+                    worker_args=["--dtype", "float32", "--block-size", "16"],
+                    prefill_args=["--num-blocks", "64", "--max-num-batched-tokens", "32"],
+                    decode_args=["--num-blocks", "40"], share_cores=False,
+                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path_factory.mktemp("moe-mesh")))
+    with Mesh(spec) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def ref(model_dirs: dict[str, Path]) -> HFReference:
+    return HFReference(model_dirs[ARCH])
+
+
+def _complete_all(mesh: Mesh, prompts: list[list[int]], **sampling: object) -> list[list[int]]:
+    def one(p: list[int]) -> list[int]:
+        with Client(mesh.router_address, timeout=120) as c:
+            return c.complete(p, max_tokens=MAX_NEW, ignore_eos=True, **sampling).token_ids
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts))
+
+
+def _greedy(ref: HFReference, prompt: list[int]) -> list[int]:
+    import torch
+
+    ids = torch.tensor([prompt])
+    out = ref.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
+                             min_new_tokens=MAX_NEW)
+    return out[0, len(prompt):].tolist()
+
+
+def test_concurrent_greedy_through_the_mesh_with_chunked_prefill(moe_mesh: Mesh, ref: HFReference) -> None:
+    prompts = mixed_prompts(12, seed=41)  # up to 150 tokens: prefilled 32 at a time, written over NIXL
+    assert _complete_all(moe_mesh, prompts, temperature=0) == [_greedy(ref, p) for p in prompts]
+    state = wait_idle(moe_mesh)
+    assert state["prefill-0"].kv_bytes_sent > 0
+
+
+def test_prefix_hits_and_n_completions(moe_mesh: Mesh, ref: HFReference) -> None:
+    rng = random.Random(43)
+    prefix = [rng.randrange(5, 1000) for _ in range(64)]
+    prompts = [prefix + [rng.randrange(5, 1000) for _ in range(6)] for _ in range(3)]
+    with Client(moe_mesh.router_address, timeout=120) as c:
+        outs = [c.complete(p, max_tokens=MAX_NEW, temperature=0, ignore_eos=True) for p in prompts]
+        forks = c.complete_n(prompts[0], max_tokens=MAX_NEW, temperature=0, ignore_eos=True, n=3)
+    assert [o.token_ids for o in outs] == [_greedy(ref, p) for p in prompts]
+    assert all(o.cached_tokens >= 64 for o in outs[1:])
+    assert [f.token_ids for f in forks] == [outs[0].token_ids] * 3
+    wait_idle(moe_mesh)
+
+
+def test_an_evicted_prefix_comes_back_from_the_kvstore(moe_mesh: Mesh, ref: HFReference) -> None:
+    rng = random.Random(47)
+    prefix = [rng.randrange(5, 1000) for _ in range(64)]  # 4 blocks, offloaded after the request
+    with Client(moe_mesh.router_address, timeout=120) as c:
+        c.complete(prefix + [9], max_tokens=2, temperature=0)
+        deadline = time.monotonic() + 10
+        while infos(moe_mesh)["prefill-0"].kvstore_offloaded_blocks < 4:
+            assert time.monotonic() < deadline, "the prefix never reached the kvstore"
+            time.sleep(0.1)
+        for _ in range(12):  # 12 x 6 blocks: past the prefill worker's 64
+            c.complete([rng.randrange(5, 1000) for _ in range(90)], max_tokens=1, temperature=0)
+        before = infos(moe_mesh)["prefill-0"]
+        prompt = prefix + [rng.randrange(5, 1000) for _ in range(5)]
+        out = c.complete(prompt, max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
+    after = infos(moe_mesh)["prefill-0"]
+    assert after.kvstore_fetched_tokens - before.kvstore_fetched_tokens == 64
+    assert out.token_ids == _greedy(ref, prompt)
+    wait_idle(moe_mesh)
+
+
+def test_decode_preempts_in_a_small_pool_and_still_matches(moe_mesh: Mesh, ref: HFReference) -> None:
+    """40 decode blocks for 16 streams that take 2 each to start and 4 by their end: some
+    are preempted and computed again on the decode worker, with the same tokens."""
+    rng = random.Random(53)
+    prompts = [[rng.randrange(5, 1000) for _ in range(30)] for _ in range(16)]
+    before = total(scrape(moe_mesh.decode[0].metrics_address), "pdmesh_preemptions_total")
+    assert _complete_all(moe_mesh, prompts, temperature=0) == [_greedy(ref, p) for p in prompts]
+    assert total(scrape(moe_mesh.decode[0].metrics_address), "pdmesh_preemptions_total") > before
+    wait_idle(moe_mesh)

@@ -24,8 +24,8 @@ from pdmesh.errors import PdmeshError
 log = logging.getLogger(__name__)
 SOURCES = tuple(Path(__file__).parent / "csrc" / f
                 for f in ("module.cpp", "paged_attention.cpp", "paged_prefill.cpp", "elementwise.cpp",
-                          "linear_rows.cpp", "kv_write.cpp"))
-HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h", "shared_rows.h"))
+                          "linear_rows.cpp", "kv_write.cpp", "moe_rows.cpp"))
+HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h", "shared_rows.h", "row_tiles.h"))
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 """How the kernels are compiled (``scripts/linear_rows_avx2.py`` adds ``-mno-avx512f``)."""
 LDFLAGS = ("-fopenmp",)

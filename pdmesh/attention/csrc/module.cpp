@@ -14,6 +14,8 @@ void write_kv_(at::Tensor& kv_layer, const at::Tensor& k, const at::Tensor& v, c
 at::Tensor silu_mul_halves(const at::Tensor& gate_up);
 #ifdef PDMESH_AVX2
 at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w);
+at::Tensor moe_rows(const at::Tensor& x, const at::Tensor& order, const at::Tensor& offsets, const at::Tensor& weights,
+                    const at::Tensor& w_gate_up, const at::Tensor& w_down, int64_t top_k);
 void paged_prefill_(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& tables,
                     const at::Tensor& spans, double scale);
 int64_t paged_prefill_tile_rows();
@@ -31,6 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef PDMESH_AVX2
   // Only where it is built for: the model keeps MKL's product everywhere else.
   m.def("linear_rows", &linear_rows, nogil, "x @ w.T for a few rows of x (CPU, float32, AVX2)");
+  m.def("moe_rows", &moe_rows, nogil, "a mixture-of-experts feed-forward for a few tokens (CPU, float32, AVX2)");
   m.def("paged_prefill_", &paged_prefill_, nogil, "prefill attention over a paged KV pool into out (CPU, float32)");
   m.def("paged_prefill_tile_rows", &paged_prefill_tile_rows, "query rows per tile: the most query heads per KV head");
   m.def("paged_prefill_lanes", &paged_prefill_lanes, "float32 lanes per vector: head_dim must be a multiple");

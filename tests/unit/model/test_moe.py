@@ -149,3 +149,31 @@ def test_experts_no_token_chose_cost_nothing_and_give_nothing() -> None:
     with torch.no_grad():
         block.experts.gate_up[[0, 2, 3, 5, 6, 7]] = float("nan")  # never read
     assert torch.equal(grouped_experts(x, ids, torch.full((3, 2), 0.5), block.experts), out)
+
+
+def _kernels():  # type: ignore[no-untyped-def]
+    from pdmesh.attention.cpu_kernels import KernelsUnavailableError, load
+
+    try:
+        kernels = load()
+    except KernelsUnavailableError as exc:
+        pytest.skip(f"the CPU kernels are not built here: {exc}")
+    if not hasattr(kernels, "moe_rows"):
+        pytest.skip("moe_rows is built only where the CPU has AVX2 and FMA")
+    return kernels
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16, 40])
+def test_the_cpu_kernel_computes_what_the_grouped_products_compute(tokens: int) -> None:
+    """Every token's output, experts that no token chose included (they must cost and give
+    nothing), within float32 rounding of the reference path."""
+    kernels = _kernels()
+    hf_cfg, _, _ = _families()["qwen3_moe"]
+    block = _seeded(SparseMoE(H, _moe_cfg("qwen3_moe", hf_cfg)), 6)
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ids, weights = block.router(x)
+        want = grouped_experts(x, ids, weights, block.experts)
+        block.experts.kernels = kernels
+        got = block.experts(x, ids, weights)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # summation order alone

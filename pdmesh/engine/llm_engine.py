@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,9 +36,15 @@ from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
 from pdmesh.kv.kv_cache_manager import KVCacheManager
-from pdmesh.kv.layout import KVLayout
+from pdmesh.kv.layout import DTYPE_BYTES, KVLayout, resolve_dtype_name
 from pdmesh.model.config import ModelConfig
-from pdmesh.model.loader import load_model
+from pdmesh.model.loader import load_model, safetensors_files
+from pdmesh.model.memory import (
+    GIB,
+    check_fits,
+    checkpoint_elements,
+    host_available_bytes,
+)
 from pdmesh.request import RequestMetrics, RequestOutput, SeqStatus, Sequence
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.tokenizer import Tokenizer
@@ -51,6 +58,22 @@ def _device_memory(device: str) -> DeviceMemory | None:
     return DeviceMemory(int(free), int(total))
 
 
+def _check_memory(config: EngineConfig, cfg: ModelConfig) -> None:
+    """Before loading: do the weights (at the dtype they will run in) and the KV pool asked
+    for fit the memory the device has free? (``model/memory.py``)."""
+    cc = config.cache
+    dtype = resolve_dtype_name(config.dtype, cfg, config.device)
+    weights = checkpoint_elements(safetensors_files(Path(config.model))) * DTYPE_BYTES[dtype]
+    block = KVLayout.for_model(cfg, cc.block_size, dtype).block_bytes
+    kv = cc.num_blocks * block if cc.num_blocks else (0 if cc.gpu_memory_utilization
+                                                      else int(cc.kv_cache_memory_gb * GIB))
+    if config.device.startswith("cuda"):
+        available, where = int(torch.cuda.mem_get_info(torch.device(config.device))[0]), config.device
+    else:
+        available, where = host_available_bytes(), "this host"
+    check_fits(weights, kv, available, where)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -58,7 +81,9 @@ class LLMEngine:
             torch.set_num_threads(config.probe_threads or config.num_threads or 1)
         self.allocator = keep_freed_memory() if config.device == "cpu" else None
         self.tokenizer = Tokenizer(config.model)
-        self.max_model_len = ModelConfig.from_dir(config.model).context_limit(config.max_model_len)
+        model_cfg = ModelConfig.from_dir(config.model)
+        self.max_model_len = model_cfg.context_limit(config.max_model_len)
+        _check_memory(config, model_cfg)
         model, cfg, dtype = load_model(config.model, config.dtype, config.device, self.max_model_len)
         self.model_config = cfg
         self.dtype = dtype

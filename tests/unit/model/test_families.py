@@ -157,3 +157,17 @@ def test_a_quantized_checkpoint_is_refused_naming_its_method(moe_copy: Path, met
     with pytest.raises(UnsupportedModelError, match=f"quantization_config \\(quant_method='{method}'\\) is not "
                                                     "implemented"):
         LLM(str(moe_copy), dtype="float32", num_blocks=32)
+
+
+def test_weights_and_pool_that_cannot_fit_are_refused_before_loading(model_dirs: dict[str, Path]) -> None:
+    from pdmesh.model.loader import load_model, safetensors_files
+    from pdmesh.model.memory import GIB, InsufficientMemoryError, check_fits, checkpoint_elements
+
+    folder = model_dirs["qwen3_moe"]
+    model, _, _ = load_model(folder, "float32")
+    assert checkpoint_elements(safetensors_files(folder)) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(InsufficientMemoryError, match=r"weights \(40\.00 GiB at the dtype they run in\) and the KV "
+                                                      r"pool \(2\.00 GiB\) need 42\.00 GiB, and cuda:0 has 24\.00 GiB free"):
+        check_fits(40 * GIB, 2 * GIB, 24 * GIB, "cuda:0")
+    with pytest.raises(InsufficientMemoryError, match="this host has"):  # a real pool this host cannot hold
+        LLM(str(folder), dtype="float32", kv_cache_memory_gb=1 << 20)

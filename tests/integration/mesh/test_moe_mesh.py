@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 
 from pdmesh.client import Client
@@ -40,9 +41,18 @@ def ref(model_dirs: dict[str, Path]) -> HFReference:
 
 
 def _complete_all(mesh: Mesh, prompts: list[list[int]], new: int = MAX_NEW, **sampling: object) -> list[list[int]]:
+    """Every prompt's tokens; a request the full decode pool refuses (RESOURCE_EXHAUSTED,
+    the retryable status) is sent again after a pause, as a client does."""
     def one(p: list[int]) -> list[int]:
+        deadline = time.monotonic() + 120
         with Client(mesh.router_address, timeout=120) as c:
-            return c.complete(p, max_tokens=new, ignore_eos=True, **sampling).token_ids
+            while True:
+                try:
+                    return c.complete(p, max_tokens=new, ignore_eos=True, **sampling).token_ids
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                        raise
+                    time.sleep(0.2)
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(one, prompts))

@@ -17,10 +17,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdmesh.attention.build_lock import BUILD_MARK_ENV, BUILD_WAIT_S
+from pdmesh.attention.build_lock import BUILD_MARK_ENV
 from pdmesh.engine.core_share import create_share_file
 from pdmesh.errors import StartError
 from pdmesh.mesh_spec import (
@@ -28,47 +27,13 @@ from pdmesh.mesh_spec import (
     COLOCATED_PREFILL_BUSY_TOKENS,
     MeshSpec,
 )
-from pdmesh.rpc.health import is_serving
 from pdmesh.rpc.process import PARENT_ENV
 from pdmesh.rpc.tls import TLSFiles
-from pdmesh.startup import PHASE_FILE_ENV, read_phase
+from pdmesh.start_watch import Proc, StartWatch
+from pdmesh.startup import PHASE_FILE_ENV
 
 __all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc",
            "free_port"]
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    address: str = ""
-    log: Path | None = None
-    metrics_address: str = ""
-    """host:port of its Prometheus /metrics."""
-    args: list[str] = field(default_factory=list)
-    """The ``pdmesh`` command line it was started with (to restart it the same way)."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Variables set for it beyond the launcher's own (its GPU), kept for restarts."""
-
-    @property
-    def gpu(self) -> str | None:
-        """The ``CUDA_VISIBLE_DEVICES`` it was given (None: the launcher's environment)."""
-        return self.env.get("CUDA_VISIBLE_DEVICES")
-
-
-PROGRESS_S = 5.0
-"""The most often one starting process's phase is reported."""
-
-
-@dataclass
-class _Wait:
-    """One process's start, as ``Mesh._await_all`` follows it."""
-
-    start: float
-    allowance: float
-    building: bool = False
-    shown: str = ""
-    shown_at: float = -PROGRESS_S
 
 
 def redis_server_binary() -> str:
@@ -93,8 +58,6 @@ def free_port() -> int:
 class Mesh:
     def __init__(self, spec: MeshSpec, progress: Callable[[str], None] | None = None) -> None:
         self.spec = spec
-        self.progress = progress
-        """Told each starting process's phase (``pdmesh up`` prints it); None: silent."""
         self.log_dir = Path(spec.log_dir or tempfile.mkdtemp(prefix="pdmesh-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.redis: Proc | None = None
@@ -104,6 +67,8 @@ class Mesh:
         self.kvstore: list[Proc] = []
         self.router: Proc | None = None
         self.tls = TLSFiles.load(spec.tls_cert, spec.tls_key, spec.tls_ca)
+        self.watch = StartWatch(self.log_dir, self.tls, spec.start_timeout_s, progress)
+        """Follows each starting process until it serves (``start_watch.py``)."""
 
     @property
     def redis_url(self) -> str:
@@ -252,54 +217,16 @@ class Mesh:
         return [p for p in [self.redis, *self.kvstore, *self.prefill, *self.decode, self.router] if p is not None]
 
     def _build_mark(self, name: str) -> Path:
-        """The file a process shows while it builds pdmesh's CPU kernels (``build_lock.py``)."""
-        return self.log_dir / f"{name}.building"
-
-    def _await_ready(self, proc: Proc) -> None:
-        self._await_all([proc])
-
-    def _await_all(self, procs: list[Proc]) -> None:
-        """Until every one of ``procs`` serves, each within ``start_timeout_s`` of this call,
-        plus ``BUILD_WAIT_S`` once it shows that it compiles the CPU kernels or waits for
-        another process's compile (minutes on two cores, the first start after an install
-        or upgrade that skipped ``scripts/setup.sh``). Meanwhile each one's start-up phase
-        goes to ``progress`` when it changes, at most every ``PROGRESS_S`` per process."""
-        waits = {p.name: _Wait(time.monotonic(), self.spec.start_timeout_s) for p in procs}
-        pending = list(procs)
-        while pending:
-            for proc in list(pending):
-                if self._poll_ready(proc, waits[proc.name]):
-                    pending.remove(proc)
-            if pending:
-                time.sleep(0.1)
-
-    def _poll_ready(self, proc: Proc, wait: _Wait) -> bool:
-        port_file, now = self.log_dir / f"{proc.name}.port", time.monotonic()
-        if not wait.building and self._build_mark(proc.name).exists():
-            wait.allowance, wait.building = wait.allowance + BUILD_WAIT_S, True
-        if proc.popen.poll() is not None:
-            raise StartError(f"{proc.name} exited ({proc.popen.returncode}); log:\n{_tail(proc.log)}")
-        if port_file.is_file() and not proc.address:
-            proc.address = f"127.0.0.1:{port_file.read_text().strip()}"
-        if proc.address and is_serving(proc.address, self.tls):
-            metrics_file = Path(str(port_file) + ".metrics")
-            if metrics_file.is_file():
-                proc.metrics_address = f"127.0.0.1:{metrics_file.read_text().strip()}"
-            return True
-        phase = read_phase(self._phase_file(proc.name))
-        if self.progress is not None and phase and phase != wait.shown and now - wait.shown_at >= PROGRESS_S:
-            self.progress(f"{proc.name}: {phase} ({now - wait.start:.0f}s)")
-            wait.shown, wait.shown_at = phase, now
-        if now > wait.start + wait.allowance:
-            why = " (it was building pdmesh's CPU kernels, or waiting for another process's build)" \
-                if wait.building else ""
-            last = f", last phase: {phase}" if phase else ""
-            raise StartError(f"{proc.name} not ready after {wait.allowance:g}s{why}{last}; log:\n{_tail(proc.log)}")
-        return False
+        return self.watch.build_mark(name)
 
     def _phase_file(self, name: str) -> Path:
-        """Where a process writes its start-up phase (``pdmesh/startup.py``)."""
-        return self.log_dir / f"{name}.phase"
+        return self.watch.phase_file(name)
+
+    def _await_ready(self, proc: Proc) -> None:
+        self.watch.wait([proc])
+
+    def _await_all(self, procs: list[Proc]) -> None:
+        self.watch.wait(procs)
 
     # -- stop -------------------------------------------------------------------------
     def stop(self, grace: float = 15.0) -> None:
@@ -341,9 +268,3 @@ def _terminate(procs: list[Proc], grace: float) -> None:
         except subprocess.TimeoutExpired:
             p.popen.kill()
             p.popen.wait(5)
-
-
-def _tail(path: Path | None, lines: int = 40) -> str:
-    if path is None or not path.is_file():
-        return "(no log)"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

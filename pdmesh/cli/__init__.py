@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
              "router": "run the router", "kvstore": "run the shared CPU-memory KV-block tier"}
     for role, text in helps.items():
         p = sub.add_parser(role, help=text, description=f"{text}; every option is also a YAML key "
-                           f"and a variable (see the README)")
+                           f"and a variable (docs/running.md)")
         add_config_flags(p, config_class(role), skip=("role",))
         p.set_defaults(func=run_service(role))
     up = sub.add_parser("up", help="start a whole mesh on this machine (Redis, kvstore, workers, router)")

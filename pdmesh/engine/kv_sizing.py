@@ -1,4 +1,4 @@
-"""How many KV blocks an engine's pool gets.
+"""How many KV blocks an engine's pool gets, and whether weights and pool fit at all.
 
 In order: ``num_blocks`` as given; on CUDA with ``gpu_memory_utilization``, what that
 fraction of the device leaves after everything already on it (this worker's weights, any
@@ -10,12 +10,20 @@ rather than an out-of-memory error in the first large batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from pdmesh.config import CacheConfig, SchedulerConfig
+from pdmesh.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdmesh.errors import InvalidRequestError
+from pdmesh.kv.layout import DTYPE_BYTES, KVLayout, resolve_dtype_name
 from pdmesh.model.config import ModelConfig
+from pdmesh.model.loader import safetensors_files
+from pdmesh.model.memory import (
+    GIB,
+    check_fits,
+    checkpoint_elements,
+    host_available_bytes,
+)
 
-GIB = 2**30
 WORKSPACE_BYTES = 512 * 2**20
 """Held back beyond the step's tensors: attention workspaces, the CUDA graphs' pools,
 cuBLAS's workspace, the allocator's fragmentation."""
@@ -62,3 +70,27 @@ def pool_blocks(cache: CacheConfig, sched: SchedulerConfig, cfg: ModelConfig, bl
             f"(the weights, other processes) and {reserve / GIB:.2f} GiB for a step's activations; "
             "raise it, lower --max-num-batched-tokens / --max-num-seqs, or give --num-blocks")
     return budget // block_bytes
+
+
+def device_memory(device: str) -> DeviceMemory | None:
+    """The CUDA device's free and total bytes now (after the weights loaded); None on CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return DeviceMemory(int(free), int(total))
+
+
+def check_memory_before_loading(config: EngineConfig, cfg: ModelConfig) -> None:
+    """Before loading: do the weights (at the dtype they will run in) and the KV pool asked
+    for fit the memory the device has free? (``model/memory.py``)."""
+    cc = config.cache
+    dtype = resolve_dtype_name(config.dtype, cfg, config.device)
+    weights = checkpoint_elements(safetensors_files(Path(config.model))) * DTYPE_BYTES[dtype]
+    block = KVLayout.for_model(cfg, cc.block_size, dtype).block_bytes
+    fraction = cc.gpu_memory_utilization and not cc.num_blocks  # that pool is sized after the weights
+    kv = 0 if fraction else pool_blocks(cc, config.scheduler, cfg, block, DTYPE_BYTES[dtype]) * block
+    memory = device_memory(config.device)
+    available, where = (memory.free, config.device) if memory is not None else (host_available_bytes(), "this host")
+    check_fits(weights, kv, available, where)

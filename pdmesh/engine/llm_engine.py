@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +21,11 @@ from pdmesh.config import EngineArgs, EngineConfig
 from pdmesh.engine.admission import Admission
 from pdmesh.engine.forks import expand_forks, fork_siblings
 from pdmesh.engine.handoff import KVHandoff
-from pdmesh.engine.kv_sizing import DeviceMemory, pool_blocks
+from pdmesh.engine.kv_sizing import (
+    check_memory_before_loading,
+    device_memory,
+    pool_blocks,
+)
 from pdmesh.engine.model_runner import CudaGraphSizes, ModelRunner, StepResult
 from pdmesh.engine.output import RequestState
 from pdmesh.engine.resume import Resume
@@ -36,42 +39,12 @@ from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
 from pdmesh.kv.kv_cache_manager import KVCacheManager
-from pdmesh.kv.layout import DTYPE_BYTES, KVLayout, resolve_dtype_name
+from pdmesh.kv.layout import KVLayout
 from pdmesh.model.config import ModelConfig
-from pdmesh.model.loader import load_model, safetensors_files
-from pdmesh.model.memory import (
-    GIB,
-    check_fits,
-    checkpoint_elements,
-    host_available_bytes,
-)
+from pdmesh.model.loader import load_model
 from pdmesh.request import RequestMetrics, RequestOutput, SeqStatus, Sequence
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.tokenizer import Tokenizer
-
-
-def _device_memory(device: str) -> DeviceMemory | None:
-    """The CUDA device's free and total bytes now (after the weights loaded); None on CPU."""
-    if not device.startswith("cuda"):
-        return None
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    return DeviceMemory(int(free), int(total))
-
-
-def _check_memory(config: EngineConfig, cfg: ModelConfig) -> None:
-    """Before loading: do the weights (at the dtype they will run in) and the KV pool asked
-    for fit the memory the device has free? (``model/memory.py``)."""
-    cc = config.cache
-    dtype = resolve_dtype_name(config.dtype, cfg, config.device)
-    weights = checkpoint_elements(safetensors_files(Path(config.model))) * DTYPE_BYTES[dtype]
-    block = KVLayout.for_model(cfg, cc.block_size, dtype).block_bytes
-    kv = cc.num_blocks * block if cc.num_blocks else (0 if cc.gpu_memory_utilization
-                                                      else int(cc.kv_cache_memory_gb * GIB))
-    if config.device.startswith("cuda"):
-        available, where = int(torch.cuda.mem_get_info(torch.device(config.device))[0]), config.device
-    else:
-        available, where = host_available_bytes(), "this host"
-    check_fits(weights, kv, available, where)
 
 
 class LLMEngine:
@@ -83,7 +56,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer(config.model)
         model_cfg = ModelConfig.from_dir(config.model)
         self.max_model_len = model_cfg.context_limit(config.max_model_len)
-        _check_memory(config, model_cfg)
+        check_memory_before_loading(config, model_cfg)
         model, cfg, dtype = load_model(config.model, config.dtype, config.device, self.max_model_len)
         self.model_config = cfg
         self.dtype = dtype
@@ -91,7 +64,7 @@ class LLMEngine:
         self.hasher = BlockHasher(cc.block_size, cc.hash_seed, cc.hash_algorithm)
         layout = KVLayout.for_model(cfg, cc.block_size, str(dtype).removeprefix("torch."))
         num_blocks = pool_blocks(cc, config.scheduler, cfg, layout.block_bytes, dtype.itemsize,
-                                 cc.gpu_memory_utilization, _device_memory(config.device))
+                                 cc.gpu_memory_utilization, device_memory(config.device))
         self.pool = BlockPool(num_blocks, cc.enable_prefix_caching, cc.prefix_eviction)
         self.kv = KVCacheManager(self.pool, self.hasher)
         self.scheduler = Scheduler(config.scheduler, self.kv)

@@ -25,9 +25,9 @@ V1_FILE = "grpc/reflection/v1/reflection.proto"
 METHOD = "ServerReflectionInfo"
 
 
-def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> list[str]:
+def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> None:
     """Serve v1 and v1alpha reflection on ``server`` for ``service_names`` (plus the two
-    reflection services); returns every name reflection lists."""
+    reflection services)."""
     _add_v1_descriptor()
     names = [*service_names, V1_SERVICE, V1ALPHA_SERVICE]
     servicer = ReflectionServicer(names)
@@ -38,7 +38,6 @@ def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> 
             response_serializer=v1alpha_pb2.ServerReflectionResponse.SerializeToString,
         )
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {METHOD: handler}),))
-    return names
 
 
 def _add_v1_descriptor() -> None:

@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from pdmesh.tools import TINY_ARCHS
+from pdmesh.tools.tiny_families import MOE_ARCHS, family_config, family_weights
 
 Arch = Literal["llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe"]
 ARCHS = TINY_ARCHS
-MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
 Size = Literal["tiny", "small", "small-draft", "llama-8b"]
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -146,46 +146,9 @@ def model_config(arch: Arch, shape: Shape, vocab: int, tok: Tokenizer) -> dict[s
             max_window_layers=shape.layers,
         )
     else:
-        cfg.update(_family_config(arch, shape))
+        cfg.update(family_config(arch, shape.hidden, shape.heads, shape.max_positions, shape.layers,
+                                 shape.experts, shape.top_k, shape.expert_intermediate))
     return cfg
-
-
-def _family_config(arch: str, shape: Shape) -> dict[str, object]:
-    """The newer families' fields, named as each family's config.json names them."""
-    half = 2 * shape.hidden // shape.heads // 4  # rotary frequencies of a head (head_dim / 2)
-    moe = {"num_experts_per_tok": shape.top_k, "output_router_logits": False, "router_aux_loss_coef": 0.001}
-    if arch == "phi3":
-        # LongRoPE as Phi-3-mini-128k writes it; the tests stay below
-        # original_max_position_embeddings, where transformers and pdmesh rotate alike.
-        original = shape.max_positions // 2
-        return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "tie_word_embeddings": False,
-                "rope_theta": 10000.0, "original_max_position_embeddings": original,
-                "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.02 * i for i in range(half)],
-                                 "long_factor": [1.0 + 0.25 * i for i in range(half)],
-                                 "original_max_position_embeddings": original},
-                "sliding_window": None, "embd_pdrop": 0.0, "resid_pdrop": 0.0}
-    if arch == "qwen2_moe":  # its first layer dense (mlp_only_layers), a shared expert on the others
-        return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "tie_word_embeddings": False,
-                "rope_theta": 1000000.0, "num_experts": shape.experts, "moe_intermediate_size": shape.expert_intermediate,
-                "shared_expert_intermediate_size": 4 * shape.expert_intermediate, "norm_topk_prob": False,
-                "decoder_sparse_step": 1, "mlp_only_layers": [0], "use_sliding_window": False,
-                "sliding_window": None, "max_window_layers": shape.layers, **moe}
-    if arch == "qwen3_moe":
-        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "tie_word_embeddings": False,
-                "rope_theta": 1000000.0, "head_dim": 2 * shape.hidden // shape.heads, "attention_bias": False,
-                "num_experts": shape.experts, "moe_intermediate_size": shape.expert_intermediate,
-                "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                "use_sliding_window": False, "sliding_window": None, "max_window_layers": shape.layers, **moe}
-    if arch == "mixtral":  # intermediate_size is each expert's width
-        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "tie_word_embeddings": False,
-                "rope_theta": 1000000.0, "num_local_experts": shape.experts,
-                "intermediate_size": shape.expert_intermediate, "sliding_window": None,
-                "router_jitter_noise": 0.0, **moe}
-    if arch == "olmoe":  # q/k normed over the whole projection, q/k/v clipped
-        return {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "tie_word_embeddings": False,
-                "rope_theta": 10000.0, "num_experts": shape.experts, "intermediate_size": shape.expert_intermediate,
-                "norm_topk_prob": False, "clip_qkv": 2.0, "attention_bias": False, **moe}
-    raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
 
 
 def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
@@ -212,7 +175,7 @@ def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
 
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, hidden)}
     if arch in ("phi3", *MOE_ARCHS):
-        _family_weights(w, cfg, normal, norm_weight)
+        family_weights(w, cfg, normal, norm_weight)
         return w
     for i in range(int(cfg["num_hidden_layers"])):  # type: ignore[call-overload]
         p = f"model.layers.{i}."
@@ -236,60 +199,6 @@ def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = normal(vocab, hidden)
     return w
-
-
-def _family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
-    """The newer families' tensors, under each family's checkpoint names, drawn in order."""
-    arch, hidden = cfg["model_type"], int(cfg["hidden_size"])  # type: ignore[call-overload]
-    heads, kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])  # type: ignore[call-overload]
-    head_dim = int(cfg.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
-    inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)  # type: ignore[call-overload]
-    width = int(cfg.get("moe_intermediate_size") or inter)  # type: ignore[call-overload]
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        w[p + "input_layernorm.weight"] = norm_weight(hidden)
-        if arch == "phi3":
-            w[p + "self_attn.qkv_proj.weight"] = normal((heads + 2 * kv) * head_dim, hidden)
-        else:
-            w[p + "self_attn.q_proj.weight"] = normal(heads * head_dim, hidden)
-            w[p + "self_attn.k_proj.weight"] = normal(kv * head_dim, hidden)
-            w[p + "self_attn.v_proj.weight"] = normal(kv * head_dim, hidden)
-        if arch == "qwen2_moe":
-            for part, n in (("q", heads), ("k", kv), ("v", kv)):
-                w[p + f"self_attn.{part}_proj.bias"] = normal(n * head_dim)
-        if arch == "qwen3_moe":
-            w[p + "self_attn.q_norm.weight"] = norm_weight(head_dim)
-            w[p + "self_attn.k_norm.weight"] = norm_weight(head_dim)
-        if arch == "olmoe":
-            w[p + "self_attn.q_norm.weight"] = norm_weight(heads * head_dim)
-            w[p + "self_attn.k_norm.weight"] = norm_weight(kv * head_dim)
-        w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim)
-        w[p + "post_attention_layernorm.weight"] = norm_weight(hidden)
-        dense = arch == "phi3" or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
-        if dense and arch == "phi3":
-            w[p + "mlp.gate_up_proj.weight"] = normal(2 * inter, hidden)
-            w[p + "mlp.down_proj.weight"] = normal(hidden, inter)
-            continue
-        if dense:
-            for name, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)),
-                                ("down_proj", (hidden, inter))):
-                w[p + f"mlp.{name}.weight"] = normal(*shape)
-            continue
-        block, names = (("block_sparse_moe", ("w1", "w3", "w2")) if arch == "mixtral"
-                        else ("mlp", ("gate_proj", "up_proj", "down_proj")))
-        w[p + f"{block}.gate.weight"] = normal(experts, hidden, scale=0.5)  # routing decided, not near-tied
-        for e in range(experts):
-            for name, shape in zip(names, ((width, hidden), (width, hidden), (hidden, width))):
-                w[p + f"{block}.experts.{e}.{name}.weight"] = normal(*shape)
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0)  # type: ignore[call-overload]
-        if shared:
-            for name, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
-                                ("down_proj", (hidden, shared))):
-                w[p + f"mlp.shared_expert.{name}.weight"] = normal(*shape)
-            w[p + "mlp.shared_expert_gate.weight"] = normal(1, hidden)
-    w["model.norm.weight"] = norm_weight(hidden)
-    w["lm_head.weight"] = normal(int(cfg["vocab_size"]), hidden)  # type: ignore[call-overload]
 
 
 def save_weights(weights: dict[str, torch.Tensor], out: Path, max_shard_bytes: int | None) -> None:

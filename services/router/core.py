@@ -54,6 +54,12 @@ class RouterCore:
         """``MirroredIndex`` or ``PrefixIndex`` over Redis, or None (consistent hashing only)."""
         self.tokenizer = Tokenizer(cfg.model)
         self.model_config = ModelConfig.from_dir(cfg.model)
+        self.listed_names = list(cfg.served_model_name) or [display_name(cfg.model)]
+        """The model's names as /v1/models and ListModels list them (``served_model_name``;
+        the first is the one responses carry)."""
+        path = Path(cfg.model)
+        self.served_names = frozenset([*self.listed_names, path.name, cfg.model, str(path.resolve())])
+        """Every name a request may give the model: the listed ones, the folder's name, its path."""
         self.hasher = BlockHasher(cfg.block_size, cfg.hash_seed, cfg.hash_algorithm)
         self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.vocab_strings())
         """An upper bound on the bytes of text one token covers (for the cheap size check)."""
@@ -79,19 +85,6 @@ class RouterCore:
         self.metrics = CollectorRegistry()
         self.request_metrics = RequestMetrics(self.metrics, "router")
         self.metrics.register(SnapshotCollector(lambda: router_snapshot(self)))
-
-    @property
-    def listed_names(self) -> list[str]:
-        """The model's names as /v1/models and ListModels list them (``served_model_name``;
-        the first is the one responses carry)."""
-        return list(self.cfg.served_model_name) or [display_name(self.cfg.model)]
-
-    @property
-    def served_names(self) -> list[str]:
-        """Every name a request may give the model: the listed ones, then the folder's name
-        and its path."""
-        names = [*self.listed_names, Path(self.cfg.model).name, self.cfg.model, str(Path(self.cfg.model).resolve())]
-        return list(dict.fromkeys(names))
 
     # -- admission --------------------------------------------------------------------
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:

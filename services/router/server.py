@@ -11,7 +11,12 @@ from grpc_health.v1 import health
 from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.rpc.auth import BearerTokenInterceptor
-from pdmesh.rpc.process import advertised, cancel_all, freeze_startup_objects, write_port_file
+from pdmesh.rpc.process import (
+    advertised,
+    cancel_all,
+    freeze_startup_objects,
+    write_port_file,
+)
 from pdmesh.rpc.server import create_server as create_grpc_server
 from pdmesh.rpc.server import serve_until_signal, set_serving
 from pdmesh.rpc.tls import TLSFiles

@@ -105,9 +105,9 @@ def test_a_worker_that_builds_the_kernels_is_given_more_time_to_start(tmp_path: 
     """A real process showing the mark as a building worker does (through the variable
     the launcher sets) is waited for ``BUILD_WAIT_S`` longer, and the error says why; one
     that shows nothing times out at ``start_timeout_s``."""
-    from pdmesh import launcher
+    from pdmesh import launcher, start_watch
 
-    monkeypatch.setattr(launcher, "BUILD_WAIT_S", 2.0)
+    monkeypatch.setattr(start_watch, "BUILD_WAIT_S", 2.0)
     mesh = launcher.Mesh(launcher.MeshSpec(model="m", log_dir=str(tmp_path), start_timeout_s=0.5))
     building = ("import time\nfrom pdmesh.attention.build_lock import BuildMark\n"
                 "with BuildMark() as m:\n    m.show(); time.sleep(60)")

@@ -1,0 +1,103 @@
+"""The newer families ``make-tiny`` draws (Phi-3 and the mixtures of experts): their
+config fields and checkpoint tensor names, as each family's own folders write them."""
+
+from __future__ import annotations
+
+import torch
+
+from pdmesh.tools import TINY_ARCHS
+
+MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+
+
+def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers: int, experts: int, top_k: int,
+                  expert_intermediate: int) -> dict[str, object]:
+    """The newer families' fields, named as each family's config.json names them."""
+    half = 2 * hidden // heads // 4  # rotary frequencies of a head (head_dim / 2)
+    moe = {"num_experts_per_tok": top_k, "output_router_logits": False, "router_aux_loss_coef": 0.001}
+    if arch == "phi3":
+        # LongRoPE as Phi-3-mini-128k writes it; the tests stay below
+        # original_max_position_embeddings, where transformers and pdmesh rotate alike.
+        original = max_positions // 2
+        return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "tie_word_embeddings": False,
+                "rope_theta": 10000.0, "original_max_position_embeddings": original,
+                "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.02 * i for i in range(half)],
+                                 "long_factor": [1.0 + 0.25 * i for i in range(half)],
+                                 "original_max_position_embeddings": original},
+                "sliding_window": None, "embd_pdrop": 0.0, "resid_pdrop": 0.0}
+    if arch == "qwen2_moe":  # its first layer dense (mlp_only_layers), a shared expert on the others
+        return {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "tie_word_embeddings": False,
+                "rope_theta": 1000000.0, "num_experts": experts, "moe_intermediate_size": expert_intermediate,
+                "shared_expert_intermediate_size": 4 * expert_intermediate, "norm_topk_prob": False,
+                "decoder_sparse_step": 1, "mlp_only_layers": [0], "use_sliding_window": False,
+                "sliding_window": None, "max_window_layers": layers, **moe}
+    if arch == "qwen3_moe":
+        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "tie_word_embeddings": False,
+                "rope_theta": 1000000.0, "head_dim": 2 * hidden // heads, "attention_bias": False,
+                "num_experts": experts, "moe_intermediate_size": expert_intermediate,
+                "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "use_sliding_window": False, "sliding_window": None, "max_window_layers": layers, **moe}
+    if arch == "mixtral":  # intermediate_size is each expert's width
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "tie_word_embeddings": False,
+                "rope_theta": 1000000.0, "num_local_experts": experts,
+                "intermediate_size": expert_intermediate, "sliding_window": None,
+                "router_jitter_noise": 0.0, **moe}
+    if arch == "olmoe":  # q/k normed over the whole projection, q/k/v clipped
+        return {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "tie_word_embeddings": False,
+                "rope_theta": 10000.0, "num_experts": experts, "intermediate_size": expert_intermediate,
+                "norm_topk_prob": False, "clip_qkv": 2.0, "attention_bias": False, **moe}
+    raise ValueError(f"arch must be one of {', '.join(TINY_ARCHS)}, got {arch!r}")
+
+
+def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
+    """The newer families' tensors, under each family's checkpoint names, drawn in order."""
+    arch, hidden = cfg["model_type"], int(cfg["hidden_size"])  # type: ignore[call-overload]
+    heads, kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])  # type: ignore[call-overload]
+    head_dim = int(cfg.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
+    inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)  # type: ignore[call-overload]
+    width = int(cfg.get("moe_intermediate_size") or inter)  # type: ignore[call-overload]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm_weight(hidden)
+        if arch == "phi3":
+            w[p + "self_attn.qkv_proj.weight"] = normal((heads + 2 * kv) * head_dim, hidden)
+        else:
+            w[p + "self_attn.q_proj.weight"] = normal(heads * head_dim, hidden)
+            w[p + "self_attn.k_proj.weight"] = normal(kv * head_dim, hidden)
+            w[p + "self_attn.v_proj.weight"] = normal(kv * head_dim, hidden)
+        if arch == "qwen2_moe":
+            for part, n in (("q", heads), ("k", kv), ("v", kv)):
+                w[p + f"self_attn.{part}_proj.bias"] = normal(n * head_dim)
+        if arch == "qwen3_moe":
+            w[p + "self_attn.q_norm.weight"] = norm_weight(head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm_weight(head_dim)
+        if arch == "olmoe":
+            w[p + "self_attn.q_norm.weight"] = norm_weight(heads * head_dim)
+            w[p + "self_attn.k_norm.weight"] = norm_weight(kv * head_dim)
+        w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim)
+        w[p + "post_attention_layernorm.weight"] = norm_weight(hidden)
+        dense = arch == "phi3" or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
+        if dense and arch == "phi3":
+            w[p + "mlp.gate_up_proj.weight"] = normal(2 * inter, hidden)
+            w[p + "mlp.down_proj.weight"] = normal(hidden, inter)
+            continue
+        if dense:
+            for name, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)),
+                                ("down_proj", (hidden, inter))):
+                w[p + f"mlp.{name}.weight"] = normal(*shape)
+            continue
+        block, names = (("block_sparse_moe", ("w1", "w3", "w2")) if arch == "mixtral"
+                        else ("mlp", ("gate_proj", "up_proj", "down_proj")))
+        w[p + f"{block}.gate.weight"] = normal(experts, hidden, scale=0.5)  # routing decided, not near-tied
+        for e in range(experts):
+            for name, shape in zip(names, ((width, hidden), (width, hidden), (hidden, width))):
+                w[p + f"{block}.experts.{e}.{name}.weight"] = normal(*shape)
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0)  # type: ignore[call-overload]
+        if shared:
+            for name, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
+                                ("down_proj", (hidden, shared))):
+                w[p + f"mlp.shared_expert.{name}.weight"] = normal(*shape)
+            w[p + "mlp.shared_expert_gate.weight"] = normal(1, hidden)
+    w["model.norm.weight"] = norm_weight(hidden)
+    w["lm_head.weight"] = normal(int(cfg["vocab_size"]), hidden)  # type: ignore[call-overload]

@@ -139,6 +139,12 @@ class Client:
                 **sampling: Any) -> generate_pb2.GenerateRequest:
         return build_request(prompt, request_id, cache_salt, **sampling)
 
+    def stream(self, prompt: Prompt, timeout: float | None = None, **kwargs: Any) -> Any:
+        """The ``Generate`` call itself: iterate it for the responses, ``cancel()`` it to leave
+        early (the router then aborts the request and frees its blocks everywhere)."""
+        return self._stub.Generate(self.request(prompt, **kwargs), timeout=timeout or self.timeout,
+                                   metadata=self.security.metadata)
+
     def generate(self, prompt: Prompt, timeout: float | None = None, **kwargs: Any
                  ) -> Iterator[generate_pb2.GenerateResponse]:
         """Stream responses; raises ``grpc.RpcError`` with the mesh's status code on failure."""

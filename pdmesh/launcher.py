@@ -97,22 +97,16 @@ class Mesh:
             if not self.spec.redis_url:
                 self.start_redis()
             if self.spec.kvstore:
-                store = self._spawn("kvstore-0", [
+                store = self.spawn("kvstore-0", [
                     "kvstore", "--model", self.spec.model, "--redis-url", self.redis_url,
-                    *self._port_args("kvstore-0"), *_layout_args(self.spec.worker_args)])
+                    *self.port_args("kvstore-0"), *_layout_args(self.spec.worker_args)])
                 self.kvstore.append(store)
-                self._await_ready(store)
-            pending = [self._spawn_worker("prefill", i) for i in range(self.spec.prefill)]
-            pending += [self._spawn_worker("decode", i) for i in range(self.spec.decode)]
-            self._await_all(pending)
-            self.router = self._spawn("router", [
-                "router", "--model", self.spec.model, "--redis-url", self.redis_url,
-                "--prefill", ",".join(p.address for p in self.prefill),
-                "--decode", ",".join(p.address for p in self.decode),
-                *self._port_args("router", self.spec.port), *self.spec.router_args,
-                *(["--http-port", str(self.spec.http_port)] if self.spec.http_port is not None else []),
-            ])
-            self._await_ready(self.router)
+                self.await_ready(store)
+            pending = [self.spawn_worker("prefill", i) for i in range(self.spec.prefill)]
+            pending += [self.spawn_worker("decode", i) for i in range(self.spec.decode)]
+            self.await_ready(*pending)
+            self.router = self._spawn_router(None, None, self.spec.router_args, port=self.spec.port)
+            self.await_ready(self.router)
         except BaseException:
             self.stop()
             raise
@@ -143,14 +137,16 @@ class Mesh:
             _terminate([self.redis], grace=2.0)
             self.redis = None
 
-    def _port_args(self, name: str, port: int = 0) -> list[str]:
+    def port_args(self, name: str, port: int = 0) -> list[str]:
+        """The flags that put process ``name`` on ``port`` (0: any) and report it in its port file."""
         return ["--port", str(port), "--port-file", str(self.log_dir / f"{name}.port"),
                 "--metrics-port", "0"]
 
-    def _spawn_worker(self, role: str, index: int) -> Proc:
+    def spawn_worker(self, role: str, index: int) -> Proc:
+        """Start worker ``role``-``index`` with the spec's flags (not waited for: ``await_ready``)."""
         name = f"{role}-{index}"
         extra = self.spec.prefill_args if role == "prefill" else self.spec.decode_args
-        args = [role, "--model", self.spec.model, "--worker-id", name, *self._port_args(name),
+        args = [role, "--model", self.spec.model, "--worker-id", name, *self.port_args(name),
                 *self.spec.worker_args, *extra]
         if "--threads" not in args:
             # Workers share this machine's cores: oversubscribed OpenMP threads spin against
@@ -167,7 +163,7 @@ class Mesh:
         if role == "prefill" and self.kvstore:
             args += ["--kvstore", self.kvstore[0].address]
         gpu = self.spec.placement.of(role, index)
-        proc = self._spawn(name, args, {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})
+        proc = self.spawn(name, args, {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})
         (self.prefill if role == "prefill" else self.decode).append(proc)
         return proc
 
@@ -176,21 +172,22 @@ class Mesh:
         """Where workers that split this machine's cores lend them (``core_share.py``)."""
         return self.log_dir / "cores"
 
-    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Proc:
+    def spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Proc:
+        """Start ``pdmesh ARGS`` as process ``name`` with the mesh's TLS files, log and watch files."""
         for flag, value in (("--tls-cert", self.spec.tls_cert), ("--tls-key", self.spec.tls_key),
                             ("--tls-ca", self.spec.tls_ca)):
             if value and flag not in args:
                 args = [*args, flag, value]
         port_file = self.log_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
-        self._build_mark(name).unlink(missing_ok=True)  # left by a process killed while it built
-        self._phase_file(name).unlink(missing_ok=True)
+        self.watch.build_mark(name).unlink(missing_ok=True)  # left by a process killed while it built
+        self.watch.phase_file(name).unlink(missing_ok=True)
         log_path = self.log_dir / f"{name}.log"
         # OTEL_* variables pass through; each process names itself after its role.
         env = dict(os.environ, PYTHONUNBUFFERED="1", NIXL_LOG_LEVEL=os.environ.get("NIXL_LOG_LEVEL", "WARN"),
                    OTEL_SERVICE_NAME=f"pdmesh-{args[0]}", **{PARENT_ENV: str(os.getpid()),
-                                                             BUILD_MARK_ENV: str(self._build_mark(name)),
-                                                             PHASE_FILE_ENV: str(self._phase_file(name))},
+                                                             BUILD_MARK_ENV: str(self.watch.build_mark(name)),
+                                                             PHASE_FILE_ENV: str(self.watch.phase_file(name))},
                    **(extra_env or {}))
         popen = subprocess.Popen(
             [sys.executable, "-m", "pdmesh", *args], stdout=log_path.open("ab"),
@@ -207,26 +204,39 @@ class Mesh:
         port = proc.address.rsplit(":", 1)[-1] if proc.address else "0"
         args = list(proc.args)
         args[args.index("--port") + 1] = port
-        fresh = self._spawn(proc.name, args, proc.env)
+        fresh = self.spawn(proc.name, args, proc.env)
         fresh.address = proc.address
         proc.popen, proc.log = fresh.popen, fresh.log
         proc.address = ""
-        self._await_ready(proc)
+        self.await_ready(proc)
 
     def processes(self) -> list[Proc]:
         return [p for p in [self.redis, *self.kvstore, *self.prefill, *self.decode, self.router] if p is not None]
 
-    def _build_mark(self, name: str) -> Path:
-        return self.watch.build_mark(name)
+    def await_ready(self, *procs: Proc) -> None:
+        """Wait until each process serves (its start-up watched as ``pdmesh up`` shows it)."""
+        self.watch.wait(list(procs))
 
-    def _phase_file(self, name: str) -> Path:
-        return self.watch.phase_file(name)
+    def restart_router(self, *, prefill: list[str] | None = None, decode: list[str] | None = None,
+                       args: list[str] | None = None) -> Proc:
+        """Kill the router and start it again in front of the ``prefill``/``decode`` addresses
+        given (the mesh's own workers by default), with ``args`` in place of the spec's
+        router flags; returns it serving."""
+        if self.router is not None:
+            self.kill(self.router)
+        self.router = self._spawn_router(prefill, decode, self.spec.router_args if args is None else args, port=0)
+        self.await_ready(self.router)
+        return self.router
 
-    def _await_ready(self, proc: Proc) -> None:
-        self.watch.wait([proc])
-
-    def _await_all(self, procs: list[Proc]) -> None:
-        self.watch.wait(procs)
+    def _spawn_router(self, prefill: list[str] | None, decode: list[str] | None, args: list[str],
+                      port: int) -> Proc:
+        return self.spawn("router", [
+            "router", "--model", self.spec.model, "--redis-url", self.redis_url,
+            "--prefill", ",".join(prefill if prefill is not None else [p.address for p in self.prefill]),
+            "--decode", ",".join(decode if decode is not None else [p.address for p in self.decode]),
+            *self.port_args("router", port), *args,
+            *(["--http-port", str(self.spec.http_port)] if self.spec.http_port is not None else []),
+        ])
 
     # -- stop -------------------------------------------------------------------------
     def stop(self, grace: float = 15.0) -> None:

@@ -27,10 +27,18 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "pdmesh-measure.lock"
-"""In ``tempfile.gettempdir()``: one per machine, shared by every user's processes."""
+"""In ``state_dir()``: one per machine, shared by every user's processes."""
+STATE_DIR_ENV = "PDMESH_STATE_DIR"
+"""Where the machine-wide files live (this lock, the plan store) instead of the temp folder:
+a test run sets it to its own folder, so another process's lock or plans never reach it."""
 WAIT_S = 120.0
 """A measurement takes seconds; a lock held longer than this is held by a stuck process."""
 _POLL_S = 0.02
+
+
+def state_dir() -> Path:
+    """The folder of the files every pdmesh process on this machine shares."""
+    return Path(os.environ.get(STATE_DIR_ENV) or tempfile.gettempdir())
 
 
 @contextlib.contextmanager
@@ -53,7 +61,7 @@ def not_while_measuring(what: str, timeout: float = WAIT_S, path: Path | None = 
 
 @contextlib.contextmanager
 def _holding(what: str, mode: int, timeout: float, path: Path | None) -> Iterator[bool]:
-    path = path or Path(tempfile.gettempdir()) / LOCK_FILE
+    path = path or state_dir() / LOCK_FILE
     try:
         fd = _open(path)
     except OSError as exc:

@@ -3,17 +3,43 @@
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
 import pytest
 
+from tests.oracle import ARCHS, HFReference
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
-"""Every family make-tiny draws: the dense ones, and four mixtures of experts."""
-MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+_STATE_DIR = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run of its own: the machine-wide plan store and measurement lock in a folder of this
+    run (a plan another process measured minutes ago would change which code a test runs),
+    and nothing of Hypothesis's in the checkout: no example database (examples replay from
+    the seed), its caches under ``.cache/``."""
+    import tempfile
+
+    from hypothesis import settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    from pdmesh.measure_lock import STATE_DIR_ENV
+
+    state = tempfile.mkdtemp(prefix="pdmesh-test-state-")
+    config.stash[_STATE_DIR] = state
+    os.environ[STATE_DIR_ENV] = state  # the services the tests start inherit it
+    set_hypothesis_home_dir(str(config.rootpath / ".cache" / "hypothesis"))
+    settings.register_profile("pdmesh", database=None)
+    settings.load_profile("pdmesh")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if (state := config.stash.get(_STATE_DIR, None)) is not None:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -27,39 +53,6 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs: dict[str, Path]) -> Path:
     return model_dirs["llama"]
-
-
-def mixed_prompts(n: int, seed: int = 0, vocab: int = 1000) -> list[list[int]]:
-    """Token-id prompts of varied lengths (1 to 150), skipping the special ids 0-4."""
-    rng = random.Random(seed)
-    lengths = [1, 3, 7, 16, 17, 31, 48, 65, 100, 150]
-    return [[rng.randrange(5, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
-
-
-class HFReference:
-    """transformers on the same weights: the oracle for greedy tokens and logprobs."""
-
-    def __init__(self, path: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.model.eval()
-
-    def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        ids = self.torch.tensor([prompt])
-        # An explicit mask: a tokenizer's BOS may share the pad token's id, which generate()
-        # would otherwise mask out.
-        out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), do_sample=False,
-                                  max_new_tokens=max_new_tokens)
-        return out[0, len(prompt) :].tolist()
-
-    def logprobs(self, tokens: list[int]):  # type: ignore[no-untyped-def]
-        """log_softmax over the vocabulary at every position of ``tokens``."""
-        with self.torch.no_grad():
-            logits = self.model(self.torch.tensor([tokens])).logits[0].float()
-        return self.torch.log_softmax(logits, dim=-1)
 
 
 @pytest.fixture(scope="session")

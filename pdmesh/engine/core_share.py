@@ -153,6 +153,11 @@ class CoreShare:
             self._set_threads(threads)
             self.threads = threads
 
+    @property
+    def closed(self) -> bool:
+        """Its slot was given back (the worker stopped)."""
+        return self._map.closed
+
     def close(self) -> None:
         self._map[self._at + 2] = 0
         self._map[self._at] = 0

@@ -118,6 +118,13 @@ class IndexMirror:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def tracked_by_gc(self) -> bool:
+        """Whether any of its block tables is in the garbage collector's care: a million
+        blocks in tracked containers cost every collection ~50 ms, so none may be."""
+        import gc
+
+        return gc.is_tracked(self._blocks) or any(gc.is_tracked(blocks) for blocks in self._owned.values())
+
     # -- keeping up ------------------------------------------------------------------
     async def run(self) -> None:
         """Read the index, then follow its log, forever; reread after a gap or an outage."""

@@ -93,7 +93,12 @@ class IndexPublisher:
         for args in update.calls(self.batch):
             call: list[str | int] | None = args
             while call is not None:
-                call = resumed(call, int(await self._update(args=call)))
+                call = await self.run_call(call)
+
+    async def run_call(self, call: list[str | int]) -> list[str | int] | None:
+        """Run one call of an update's script; the call that goes on with it when the script
+        stopped at its per-call bound (a clear larger than one call), else None."""
+        return resumed(call, int(await self._update(args=call)))
 
     async def snapshot(self, cached: list[bytes]) -> None:
         """Replace everything this worker published with its current prefix cache."""

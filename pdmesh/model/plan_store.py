@@ -23,10 +23,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdmesh.measure_lock import state_dir
+
 log = logging.getLogger(__name__)
 
 STORE_FILE = "pdmesh-linear-plans.json"
-"""In ``tempfile.gettempdir()``, beside the measurement lock."""
+"""In ``measure_lock.state_dir()``, beside the measurement lock."""
 REUSE_S = 600.0
 """A plan is taken as it is for ten minutes after it was measured: long enough for a mesh
 to start and restart its workers, short enough that a machine whose load has changed is
@@ -43,7 +45,7 @@ class Stored:
 
 
 def _path() -> Path:
-    return Path(tempfile.gettempdir()) / STORE_FILE
+    return state_dir() / STORE_FILE
 
 
 def load(key: str, path: Path | None = None, now: float | None = None) -> Stored | None:

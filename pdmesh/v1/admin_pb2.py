@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import worker_pb2 as pdmesh_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pdmesh/v1/admin.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/worker.proto\"\x14\n\x12ListWorkersRequest\"\xad\x01\n\x0cWorkerStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12#\n\x04info\x18\x02 \x01(\x0b\x32\x15.pdmesh.v1.WorkerInfo\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x16\n\x0erefused_reason\x18\x04 \x01(\t\x12\x11\n\tin_flight\x18\x05 \x01(\r\x12\x0c\n\x04role\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x0e\n\x06joined\x18\x08 \x01(\x08\"N\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.pdmesh.v1.WorkerStatus\x12\r\n\x05index\x18\x02 \x01(\t\"\x14\n\x12RouterStatsRequest\"\xff\x01\n\x13RouterStatsResponse\x12@\n\tdecisions\x18\x01 \x03(\x0b\x32-.pdmesh.v1.RouterStatsResponse.DecisionsEntry\x12\x16\n\x0elocal_prefills\x18\x02 \x01(\x04\x12\x17\n\x0findex_fallbacks\x18\x03 \x01(\x04\x12\x17\n\x0fprefill_retries\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65\x63ode_migrations\x18\x05 \x01(\x04\x12\x0f\n\x07refused\x18\x06 \x01(\x04\x1a\x30\n\x0e\x44\x65\x63isionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa7\x01\n\tMeshAdmin\x12L\n\x0bListWorkers\x12\x1d.pdmesh.v1.ListWorkersRequest\x1a\x1e.pdmesh.v1.ListWorkersResponse\x12L\n\x0bRouterStats\x12\x1d.pdmesh.v1.RouterStatsRequest\x1a\x1e.pdmesh.v1.RouterStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pdmesh/v1/admin.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/worker.proto\"\x14\n\x12ListWorkersRequest\"\xbd\x01\n\x0cWorkerStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12#\n\x04info\x18\x02 \x01(\x0b\x32\x15.pdmesh.v1.WorkerInfo\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x16\n\x0erefused_reason\x18\x04 \x01(\t\x12\x11\n\tin_flight\x18\x05 \x01(\r\x12\x0c\n\x04role\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x0e\n\x06joined\x18\x08 \x01(\x08\x12\x0e\n\x06member\x18\t \x01(\x08\"N\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.pdmesh.v1.WorkerStatus\x12\r\n\x05index\x18\x02 \x01(\t\"\x14\n\x12RouterStatsRequest\"\xff\x01\n\x13RouterStatsResponse\x12@\n\tdecisions\x18\x01 \x03(\x0b\x32-.pdmesh.v1.RouterStatsResponse.DecisionsEntry\x12\x16\n\x0elocal_prefills\x18\x02 \x01(\x04\x12\x17\n\x0findex_fallbacks\x18\x03 \x01(\x04\x12\x17\n\x0fprefill_retries\x18\x04 \x01(\x04\x12\x19\n\x11\x64\x65\x63ode_migrations\x18\x05 \x01(\x04\x12\x0f\n\x07refused\x18\x06 \x01(\x04\x1a\x30\n\x0e\x44\x65\x63isionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xa7\x01\n\tMeshAdmin\x12L\n\x0bListWorkers\x12\x1d.pdmesh.v1.ListWorkersRequest\x1a\x1e.pdmesh.v1.ListWorkersResponse\x12L\n\x0bRouterStats\x12\x1d.pdmesh.v1.RouterStatsRequest\x1a\x1e.pdmesh.v1.RouterStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,15 +37,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTWORKERSREQUEST']._serialized_start=60
   _globals['_LISTWORKERSREQUEST']._serialized_end=80
   _globals['_WORKERSTATUS']._serialized_start=83
-  _globals['_WORKERSTATUS']._serialized_end=256
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=258
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=336
-  _globals['_ROUTERSTATSREQUEST']._serialized_start=338
-  _globals['_ROUTERSTATSREQUEST']._serialized_end=358
-  _globals['_ROUTERSTATSRESPONSE']._serialized_start=361
-  _globals['_ROUTERSTATSRESPONSE']._serialized_end=616
-  _globals['_ROUTERSTATSRESPONSE_DECISIONSENTRY']._serialized_start=568
-  _globals['_ROUTERSTATSRESPONSE_DECISIONSENTRY']._serialized_end=616
-  _globals['_MESHADMIN']._serialized_start=619
-  _globals['_MESHADMIN']._serialized_end=786
+  _globals['_WORKERSTATUS']._serialized_end=272
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=274
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=352
+  _globals['_ROUTERSTATSREQUEST']._serialized_start=354
+  _globals['_ROUTERSTATSREQUEST']._serialized_end=374
+  _globals['_ROUTERSTATSRESPONSE']._serialized_start=377
+  _globals['_ROUTERSTATSRESPONSE']._serialized_end=632
+  _globals['_ROUTERSTATSRESPONSE_DECISIONSENTRY']._serialized_start=584
+  _globals['_ROUTERSTATSRESPONSE_DECISIONSENTRY']._serialized_end=632
+  _globals['_MESHADMIN']._serialized_start=635
+  _globals['_MESHADMIN']._serialized_end=802
 # @@protoc_insertion_point(module_scope)

@@ -12,7 +12,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("address", "info", "healthy", "refused_reason", "in_flight", "role", "state", "joined")
+    __slots__ = ("address", "info", "healthy", "refused_reason", "in_flight", "role", "state", "joined", "member")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class WorkerStatus(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     address: str
     info: _worker_pb2.WorkerInfo
     healthy: bool
@@ -29,7 +30,8 @@ class WorkerStatus(_message.Message):
     role: str
     state: str
     joined: bool
-    def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., healthy: _Optional[bool] = ..., refused_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., joined: _Optional[bool] = ...) -> None: ...
+    member: bool
+    def __init__(self, address: _Optional[str] = ..., info: _Optional[_Union[_worker_pb2.WorkerInfo, _Mapping]] = ..., healthy: _Optional[bool] = ..., refused_reason: _Optional[str] = ..., in_flight: _Optional[int] = ..., role: _Optional[str] = ..., state: _Optional[str] = ..., joined: _Optional[bool] = ..., member: _Optional[bool] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers", "index")

@@ -98,6 +98,11 @@ class PrefillCall:
         if self._stop is None or self.call.done():
             self.abandon()
 
+    @property
+    def stop_sent(self) -> bool:
+        """A stop was asked of the worker on this call."""
+        return self._stop is not None
+
     def _ask_stop(self) -> None:
         if self._stop is None:
             self._stop = asyncio.ensure_future(self._send_stop())

@@ -83,7 +83,8 @@ class MeshAdminServicer(admin_pb2_grpc.MeshAdminServicer):
         out = admin_pb2.ListWorkersResponse(index=self.core.prefill_router.health())
         for w in self.core.workers.workers:
             status = out.workers.add(address=w.address, healthy=w.healthy, refused_reason=w.refused,
-                                     in_flight=w.in_flight, role=w.role, state=w.state, joined=w.joined)
+                                     in_flight=w.in_flight, role=w.role, state=w.state, joined=w.joined,
+                                     member=w.member)
             if w.info is not None:
                 status.info.CopyFrom(info_to_proto(w.info))
         return out

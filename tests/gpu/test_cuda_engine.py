@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pdmesh import LLM, SamplingParams
-from tests.conftest import mixed_prompts
+from tests.oracle import mixed_prompts
 
 pytestmark = [
     pytest.mark.gpu,

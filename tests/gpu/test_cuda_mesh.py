@@ -18,8 +18,8 @@ import torch
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from tests.conftest import mixed_prompts
-from tests.integration.mesh.conftest import infos, wait_idle
+from tests.integration.mesh_tools import infos, wait_idle
+from tests.oracle import mixed_prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,8 +18,8 @@ import torch
 
 from pdmesh import LLM, SamplingParams
 from pdmesh.attention.flashinfer_backend import FlashInferBackend
-from tests.conftest import mixed_prompts
 from tests.gpu.near_ties import compare
+from tests.oracle import mixed_prompts
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pdmesh import LLM, SamplingParams
-from tests.conftest import ARCHS, HFReference, mixed_prompts
+from tests.oracle import ARCHS, HFReference, mixed_prompts
 
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW)

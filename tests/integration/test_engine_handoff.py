@@ -12,7 +12,7 @@ from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.errors import UnknownRequestError
 from pdmesh.request import SeqStatus
 from pdmesh.sampling_params import SamplingParams
-from tests.conftest import HFReference, mixed_prompts
+from tests.oracle import HFReference, mixed_prompts
 
 
 @pytest.fixture(scope="module")

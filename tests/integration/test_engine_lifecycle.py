@@ -12,7 +12,7 @@ from pdmesh.engine.async_engine import AsyncLLMEngine
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.sampling_params import SamplingParams
-from tests.conftest import mixed_prompts
+from tests.oracle import mixed_prompts
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ def test_a_stopped_engine_leaves_its_cores_to_its_peers(engine: LLMEngine, tmp_p
             pass
         share = aeng.core_share
         await aeng.shutdown()
-        assert aeng.core_share is None and share._map.closed  # released, its slot left idle
+        assert aeng.core_share is None and share.closed  # released, its slot left idle
 
     asyncio.run(main())
     assert peer.busy() == 2

@@ -12,7 +12,7 @@ import pytest
 
 from pdmesh import LLM, SamplingParams
 from pdmesh.engine.llm_engine import LLMEngine
-from tests.conftest import HFReference, mixed_prompts
+from tests.oracle import HFReference, mixed_prompts
 
 MAX_NEW = 24
 

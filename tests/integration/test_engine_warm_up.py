@@ -11,7 +11,7 @@ from pdmesh.config import CacheConfig, EngineConfig, SchedulerConfig
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.warm_up import warm_up, warm_up_tokens
 from pdmesh.sampling_params import SamplingParams
-from tests.conftest import HFReference
+from tests.oracle import HFReference
 
 
 def _engine(llama_dir: Path, num_blocks: int = 128, budget: int = 96) -> LLMEngine:

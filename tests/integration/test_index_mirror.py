@@ -5,7 +5,6 @@ aside when it is not current."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import random
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from pdmesh.index.lookup import PrefixIndex
 from pdmesh.index.mirror import IndexMirror
 from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.index.publisher import IndexPublisher
-from pdmesh.index.update import IndexUpdate, resumed
+from pdmesh.index.update import IndexUpdate
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from pdmesh.launcher import Mesh, MeshSpec
@@ -79,9 +78,7 @@ def test_a_mirror_read_mid_history_answers_as_redis_after_every_change(redis_url
             await agree(mirror, index, chains, trial)
             assert len(mirror) == sum(1 for _ in r.scan_iter(keys.BLOCK_KEYS, count=1000)), trial
         assert mirror.entries > 0 and mirror.resyncs == 0
-        # a million blocks in tracked containers cost every garbage collection ~50 ms
-        assert not gc.is_tracked(mirror._blocks)
-        assert mirror._owned and not any(gc.is_tracked(blocks) for blocks in mirror._owned.values())
+        assert not mirror.tracked_by_gc()
         await mirror.close()
         await index.close()
 
@@ -104,7 +101,7 @@ def test_a_clear_cut_into_calls_reaches_the_mirror_whole(redis_url: str) -> None
         (call,) = update.calls(batch=99, max_ops=7)
         calls = 0
         while call is not None:
-            call = resumed(call, int(await pub._update(args=call)))
+            call = await pub.run_call(call)
             calls += 1
             await mirror.catch_up()
             assert mirror.holders_by_depth(chain) == []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import grpc
+
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.supervisor import Supervisor
@@ -21,15 +23,15 @@ def _until_restarted(sup: Supervisor, name: str, timeout: float = 120.0) -> list
     raise AssertionError(f"{name} was not restarted")
 
 
-def _serves(address: str, want: list[int] | None = None) -> list[int]:
+def _serves(address: str) -> list[int]:
+    """The mesh's greedy answer, once it answers: only a refused or broken call is retried
+    (the mesh is coming back); the tokens are the caller's to check."""
     deadline = time.monotonic() + 60
     while True:
         try:
             with Client(address, timeout=30) as c:
-                out = c.complete(list(range(5, 40)), max_tokens=6, temperature=0).token_ids
-            assert want is None or out == want
-            return out
-        except Exception:
+                return c.complete(list(range(5, 40)), max_tokens=6, temperature=0).token_ids
+        except grpc.RpcError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
@@ -48,7 +50,7 @@ def test_dead_processes_come_back_and_the_mesh_serves(llama_dir: Path, tmp_path:
             proc.popen.wait(10)
             events = _until_restarted(sup, proc.name)
             assert "restarted on" in events[0] and proc.address == address, events
-            _serves(mesh.router_address, want)
+            assert _serves(mesh.router_address) == want, proc.name
         assert sup.restarts == {"decode-0": 1, "redis": 1, "router": 1}
 
 
@@ -70,23 +72,30 @@ open({str(pids)!r}, "w").write(" ".join(str(p.popen.pid) for p in [*m.decode, m.
 time.sleep(600)
 """
     launcher = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.monotonic() + 180
-    while not pids.is_file() or not pids.read_text():
-        assert launcher.poll() is None and time.monotonic() < deadline, "the mesh did not start"
-        time.sleep(0.2)
-    *services, redis = [int(p) for p in pids.read_text().split()]
-    launcher.send_signal(signal.SIGKILL)
-    # Its private redis-server cannot watch for that (not a pdmesh process): ours to stop.
-    os.kill(redis, signal.SIGTERM)
-    launcher.wait(timeout=10)
-    deadline = time.monotonic() + 60
-    alive = services
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [p for p in services if _running(p)]
-    for p in alive:  # leave nothing behind, even when the assertion below fails
-        os.kill(p, signal.SIGKILL)
-    assert not alive, f"still serving after their launcher died: {alive}"
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not pids.is_file() or not pids.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the mesh did not start"
+            time.sleep(0.2)
+        started = [int(p) for p in pids.read_text().split()]
+        *services, redis = started
+        launcher.send_signal(signal.SIGKILL)
+        # Its private redis-server cannot watch for that (not a pdmesh process): ours to stop.
+        os.kill(redis, signal.SIGTERM)
+        launcher.wait(timeout=10)
+        deadline = time.monotonic() + 60
+        alive = services
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in services if _running(p)]
+        assert not alive, f"still serving after their launcher died: {alive}"
+    finally:  # leave nothing behind, whichever assertion fails
+        launcher.kill()
+        launcher.wait(10)
+        for p in started:
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
 
 
 def _running(pid: int) -> bool:

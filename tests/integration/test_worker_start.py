@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from pdmesh.launcher import Mesh, MeshSpec, Proc
-from pdmesh.measure_lock import LOCK_FILE
+from pdmesh.measure_lock import LOCK_FILE, STATE_DIR_ENV
 from pdmesh.rpc.health import health_status
 from pdmesh.startup import PHASE_FILE_ENV
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
@@ -37,7 +37,7 @@ def test_a_loading_worker_answers_health_and_refuses_calls_with_its_phase(llama_
     lock = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(lock, fcntl.LOCK_EX)  # the worker's linear-plan measurement waits for this
     port_file, log = tmp_path / "decode.port", tmp_path / "decode.log"
-    env = {**os.environ, "TMPDIR": str(tmp_path), PHASE_FILE_ENV: str(tmp_path / "decode.phase")}
+    env = {**os.environ, STATE_DIR_ENV: str(tmp_path), PHASE_FILE_ENV: str(tmp_path / "decode.phase")}
     proc = subprocess.Popen([sys.executable, "-m", "pdmesh", "decode", "--model", str(llama_dir), "--dtype",
                              "float32", "--num-blocks", "64", "--port", "0", "--port-file", str(port_file)],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
@@ -77,11 +77,11 @@ def test_the_launcher_shows_each_starting_process_phase_and_names_the_last_when_
     code = ("import time\nfrom pdmesh.startup import set_phase\nset_phase('loading weights 1/2 shards')\n"
             "time.sleep(60)")
     popen = subprocess.Popen([sys.executable, "-c", code],
-                             env={**os.environ, PHASE_FILE_ENV: str(mesh._phase_file("prefill-0"))})
+                             env={**os.environ, PHASE_FILE_ENV: str(mesh.watch.phase_file("prefill-0"))})
     try:
-        _wait("the phase", lambda: mesh._phase_file("prefill-0").is_file())
+        _wait("the phase", lambda: mesh.watch.phase_file("prefill-0").is_file())
         with pytest.raises(RuntimeError, match="not ready after 1.5s, last phase: loading weights 1/2 shards"):
-            mesh._await_ready(Proc("prefill-0", popen))
+            mesh.await_ready(Proc("prefill-0", popen))
     finally:
         popen.kill()
         popen.wait(10)

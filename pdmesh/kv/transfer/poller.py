@@ -86,6 +86,12 @@ class TransferPoller:
         with self._mutex:
             self._watches.pop(id(handle), None)
 
+    @property
+    def watching(self) -> int:
+        """Transfers polled now (0 once every one was seen done or forgotten)."""
+        with self._mutex:
+            return len(self._watches)
+
     def drive_progress(self, awaiting: Callable[[], bool]) -> None:
         """Make progress for peers' transfers into this pool from now on, at the await rate
         while ``awaiting()`` (read from this thread, so it must be safe there)."""

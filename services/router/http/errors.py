@@ -56,11 +56,16 @@ def status_of(exc: BaseException) -> HTTPError:
     if isinstance(exc, UnsupportedModelError):
         return HTTPError(400, str(exc))
     if isinstance(exc, CapacityError):
-        return HTTPError(429, f"{exc}; retry later", code="resource_exhausted")
+        hint = "" if "retry" in str(exc) else "; retry later"
+        return HTTPError(429, f"{exc}{hint}", code="resource_exhausted")
     if isinstance(exc, UnavailableError | TransferFailedError | IncompatibleWorkerError):
         return HTTPError(503, str(exc))
-    if isinstance(exc, asyncio.TimeoutError):
-        return HTTPError(504, "the request did not finish before its deadline")
+    if isinstance(exc, asyncio.TimeoutError) or (
+            isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+        # A worker call's own deadline is the request's: gRPC's wording of it ("Stream
+        # removed") says nothing a caller can act on.
+        return HTTPError(504, "the request did not finish before its deadline (the router's --request-timeout-s)",
+                         code="deadline_exceeded")
     if isinstance(exc, grpc.aio.AioRpcError):
         code = _GRPC_STATUS.get(exc.code(), 500)
         return HTTPError(code, exc.details() or exc.code().name, code=exc.code().name.lower())

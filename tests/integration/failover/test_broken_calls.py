@@ -8,30 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdmesh.client import Client
-from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.launcher import Mesh
 from pdmesh.v1 import admin_pb2
-from tests.conftest import mixed_prompts
 from tests.integration.failover.breaking_proxy import BreakingProxy
-from tests.integration.mesh.conftest import WORKER_ARGS, admin, wait_idle
-
-
-def _route_through(mesh: Mesh, llama_dir: Path, prefill: BreakingProxy, decode: BreakingProxy) -> None:
-    """Restart the mesh's router with the proxies in front of its workers."""
-    mesh.kill(mesh.router)  # type: ignore[arg-type]
-    mesh.router = mesh._spawn("router", [
-        "router", "--model", str(llama_dir), "--redis-url", mesh.redis_url,
-        "--prefill", prefill.address, "--decode", decode.address, "--info-interval-s", "0.2",
-        *mesh._port_args("router")])
-    mesh._await_ready(mesh.router)
-
-
-def _spec(llama_dir: Path, tmp_path: Path) -> MeshSpec:
-    return MeshSpec(model=str(llama_dir), prefill=1, decode=1, worker_args=WORKER_ARGS,
-                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path))
+from tests.integration.mesh_tools import admin, small_spec, wait_idle
+from tests.oracle import mixed_prompts
 
 
 def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, hf_refs) -> None:  # type: ignore[no-untyped-def]
-    with Mesh(_spec(llama_dir, tmp_path)) as mesh:
+    with Mesh(small_spec(llama_dir, tmp_path)) as mesh:
         # r1's prefill call breaks before the worker sees it; r3's answers after the worker
         # computed and wrote its KV, and the answer is lost.
         prefill = BreakingProxy(mesh.prefill[0].address, {"PrefillStream": {"r1"}},
@@ -40,7 +25,7 @@ def test_calls_broken_mid_call_are_tried_again(llama_dir: Path, tmp_path: Path, 
         # then its retry's (r2~1) after the worker reserved.
         decode = BreakingProxy(mesh.decode[0].address, {"Reserve": {"r2"}}, breaks_after={"Reserve": {"r2~1"}})
         try:
-            _route_through(mesh, llama_dir, prefill, decode)
+            mesh.restart_router(prefill=[prefill.address], decode=[decode.address])
             prompts = [p for p in mixed_prompts(20, seed=89) if len(p) >= 31][:3]
             with Client(mesh.router_address, timeout=60) as c:
                 outs = [c.complete(p, request_id=f"r{i}", max_tokens=6, temperature=0).token_ids
@@ -65,11 +50,11 @@ def test_a_handoff_broken_after_its_first_token_continues_on_the_decode_worker( 
     first answer) and before the KV's: the request is not tried again from the start,
     which would stream that token twice, but continues on the decode worker from it,
     exactly, and no block is left."""
-    with Mesh(_spec(llama_dir, tmp_path)) as mesh:
+    with Mesh(small_spec(llama_dir, tmp_path)) as mesh:
         prefill = BreakingProxy(mesh.prefill[0].address, {}, breaks_between={"PrefillStream": {"r1"}})
         decode = BreakingProxy(mesh.decode[0].address, {})
         try:
-            _route_through(mesh, llama_dir, prefill, decode)
+            mesh.restart_router(prefill=[prefill.address], decode=[decode.address])
             prompt = [p for p in mixed_prompts(20, seed=91) if len(p) >= 31][0]
             with Client(mesh.router_address, timeout=60) as c:
                 out = c.complete(prompt, request_id="r1", max_tokens=8, temperature=0)

@@ -18,8 +18,8 @@ from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.rpc.health import is_serving
 from pdmesh.supervisor import Supervisor
-from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from tests.conftest import HFReference, mixed_prompts
+from tests.integration.mesh_tools import wait_idle
+from tests.oracle import HFReference, mixed_prompts
 
 DOCUMENTED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
               grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -88,25 +88,10 @@ def test_random_kills_under_load(llama_dir: Path, tmp_path: Path, hf_refs) -> No
                 break
             sup.check()
             time.sleep(0.3)
-        busy = _busy_workers(mesh, timeout=20.0)
+        wait_idle(mesh)
     counts = {k: outcomes.count(k) for k in set(outcomes)}
     print(f"chaos: kills {kills}; outcomes {counts}")
     assert kills and outcomes
     assert not [k for k in counts if k == "WRONG" or k.startswith("BAD")], counts
     assert counts.get("ok", 0) >= 200, counts  # the mesh kept serving between the kills
     assert late == []
-    assert busy == {}
-
-
-def _busy_workers(mesh: Mesh, timeout: float) -> dict[str, tuple[int, int]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        busy = {}
-        for p in [*mesh.prefill, *mesh.decode]:
-            with grpc.insecure_channel(p.address) as ch:
-                info = worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
-            if info.used_blocks or info.num_handoffs:
-                busy[p.name] = (info.used_blocks, info.num_handoffs)
-        if not busy or time.monotonic() > deadline:
-            return busy
-        time.sleep(0.3)

@@ -16,8 +16,9 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from pdmesh.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
-from tests.conftest import mixed_prompts
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc
+from tests.integration.mesh_tools import info, wait_idle
+from tests.oracle import mixed_prompts
 
 MAX_NEW = 160
 """Long enough that the streams a kill finds are mid-way: at 96 a whole run of 24 took 0.5-0.7 s
@@ -65,9 +66,8 @@ def _run_all(address: str, on_token=None, gaps: list[float] | None = None) -> li
 
 
 def _prefill_bytes_sent(mesh: Mesh) -> tuple[int, int]:
-    with grpc.insecure_channel(mesh.prefill[0].address) as ch:
-        info = worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
-    return info.kv_bytes_sent, info.kv_block_bytes
+    got = info(mesh.prefill[0].address)
+    return got.kv_bytes_sent, got.kv_block_bytes
 
 
 def test_a_conversation_stays_on_the_decode_worker_that_holds_it(mesh: Mesh) -> None:
@@ -98,8 +98,7 @@ def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
     killed: list = []  # the decode worker killed
 
     def running(worker) -> int:  # type: ignore[no-untyped-def]
-        with grpc.insecure_channel(worker.address) as ch:
-            return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5).num_running
+        return info(worker.address).num_running
 
     def count(tokens: int) -> None:
         with lock:
@@ -130,18 +129,6 @@ def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
     gaps.sort()
     print(f"failover run took {time.monotonic() - started:.1f}s, {stats.decode_migrations} migrations; "
           f"largest token gap per stream p50 {1000 * gaps[len(gaps) // 2]:.0f} ms, max {1000 * gaps[-1]:.0f} ms")
-    survivors = [p for p in [*mesh.prefill, *mesh.decode] if p is not victim]
-    deadline = time.monotonic() + 20
-    while True:
-        busy = {}
-        for p in survivors:
-            with grpc.insecure_channel(p.address) as ch:
-                info = worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
-            if info.used_blocks or info.num_handoffs:
-                busy[p.name] = (info.used_blocks, info.num_handoffs)
-        if not busy:
-            break
-        assert time.monotonic() < deadline, busy
-        time.sleep(0.2)
+    wait_idle(mesh, workers=[p for p in [*mesh.prefill, *mesh.decode] if p is not victim])
     # Every stream the victim served moved to the other decode worker.
     assert stats.decode_migrations >= 1

@@ -7,13 +7,12 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from tests.conftest import HFReference
+from tests.integration.mesh_tools import info
+from tests.oracle import HFReference
 
 
 @pytest.mark.slow
@@ -31,7 +30,6 @@ def test_32_long_prompts_all_complete_exactly(llama_dir: Path, tmp_path: Path, h
     with Mesh(spec) as mesh, Client(mesh.router_address, timeout=300) as c:
         with ThreadPoolExecutor(32) as pool:
             outs = list(pool.map(lambda p: c.complete(p, max_tokens=4, temperature=0), prompts))
-        with grpc.insecure_channel(mesh.decode[0].address) as ch:
-            info = worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
+        got = info(mesh.decode[0].address)
     assert [o.token_ids for o in outs] == [ref.greedy(p, 4) for p in prompts]
-    assert info.expired_leases == 0 and info.used_blocks == 0
+    assert got.expired_leases == 0 and got.used_blocks == 0

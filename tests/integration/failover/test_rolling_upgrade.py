@@ -9,18 +9,17 @@ from pathlib import Path
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
-from tests.conftest import mixed_prompts
 from tests.integration.failover.breaking_proxy import BreakingProxy
-from tests.integration.failover.test_broken_calls import _route_through, _spec
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import small_spec, wait_idle
+from tests.oracle import mixed_prompts
 
 
 def test_a_prefill_worker_that_answers_once_serves_exactly(llama_dir: Path, tmp_path: Path, hf_refs) -> None:  # type: ignore[no-untyped-def]
-    with Mesh(_spec(llama_dir, tmp_path)) as mesh:
+    with Mesh(small_spec(llama_dir, tmp_path)) as mesh:
         prefill = BreakingProxy(mesh.prefill[0].address, {}, answers_once={"PrefillStream": {"r1", "r2"}})
         decode = BreakingProxy(mesh.decode[0].address, {})
         try:
-            _route_through(mesh, llama_dir, prefill, decode)
+            mesh.restart_router(prefill=[prefill.address], decode=[decode.address])
             prompts = [p for p in mixed_prompts(20, seed=93) if len(p) >= 31][:2]
             with Client(mesh.router_address, timeout=60) as c:
                 long = c.complete(prompts[0], request_id="r1", max_tokens=6, temperature=0)

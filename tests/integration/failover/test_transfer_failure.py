@@ -16,8 +16,8 @@ from pathlib import Path
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.v1 import admin_pb2
-from tests.conftest import mixed_prompts
-from tests.integration.mesh.conftest import WORKER_ARGS, admin, wait_idle
+from tests.integration.mesh_tools import WORKER_ARGS, admin, wait_idle
+from tests.oracle import mixed_prompts
 
 
 def test_a_failed_kv_write_is_retried_and_the_decode_worker_stays_in_service(

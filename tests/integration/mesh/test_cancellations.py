@@ -12,8 +12,8 @@ from pdmesh.client import Client
 from pdmesh.launcher import Mesh
 from pdmesh.telemetry.scrape import scrape, total
 from services.router.handoff import LATE_WHY
-from tests.conftest import mixed_prompts
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
+from tests.oracle import mixed_prompts
 
 
 def _late(mesh: Mesh) -> dict[str, float]:
@@ -34,11 +34,8 @@ def test_random_cancellations_leave_no_block_anywhere(mesh: Mesh, client: Client
     completed = []
 
     def one(i: int) -> None:
-        stream = client._stub.Generate(
-            client.request(prompts[i], request_id=f"cancel-{i}", max_tokens=40, temperature=0.5,
-                           ignore_eos=True),
-            timeout=60,
-        )
+        stream = client.stream(prompts[i], timeout=60, request_id=f"cancel-{i}", max_tokens=40, temperature=0.5,
+                               ignore_eos=True)
         stop_after = rng.randrange(0, 6) if i % 3 else 10**6
         try:
             for n, _ in enumerate(stream):

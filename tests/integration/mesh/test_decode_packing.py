@@ -15,7 +15,7 @@ import pytest
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.v1 import admin_pb2
-from tests.integration.mesh.conftest import WORKER_ARGS, admin, infos, wait_idle
+from tests.integration.mesh_tools import WORKER_ARGS, admin, infos, wait_idle
 
 BATCH = 3
 """Each decode worker's --max-num-seqs."""

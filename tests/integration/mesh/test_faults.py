@@ -12,9 +12,10 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import admin_pb2
-from tests.conftest import mixed_prompts
-from tests.integration.mesh.conftest import WORKER_ARGS, admin, wait_idle
+from tests.integration.mesh_tools import WORKER_ARGS, admin, info, wait_idle
+from tests.oracle import mixed_prompts
 
 
 def test_incompatible_workers_are_refused_with_a_reason(llama_dir: Path, tmp_path: Path) -> None:
@@ -27,22 +28,17 @@ def test_incompatible_workers_are_refused_with_a_reason(llama_dir: Path, tmp_pat
     spec.prefill_args = []
     mesh.start_redis()
     try:
-        good = mesh._spawn_worker("prefill", 0)
-        odd = mesh._spawn("prefill-odd", ["prefill", "--model", str(llama_dir), "--worker-id", "odd",
-                                          *mesh._port_args("prefill-odd"), "--dtype", "float32",
+        good = mesh.spawn_worker("prefill", 0)
+        odd = mesh.spawn("prefill-odd", ["prefill", "--model", str(llama_dir), "--worker-id", "odd",
+                                          *mesh.port_args("prefill-odd"), "--dtype", "float32",
                                           "--num-blocks", "64", "--block-size", "8"])
-        seeded = mesh._spawn("prefill-seed", ["prefill", "--model", str(llama_dir), "--worker-id", "seed",
-                                              *mesh._port_args("prefill-seed"), *WORKER_ARGS,
+        seeded = mesh.spawn("prefill-seed", ["prefill", "--model", str(llama_dir), "--worker-id", "seed",
+                                              *mesh.port_args("prefill-seed"), *WORKER_ARGS,
                                               "--hash-seed", "7"])
-        dec = mesh._spawn_worker("decode", 0)
-        for p in (good, odd, seeded, dec):
-            mesh._await_ready(p)
+        dec = mesh.spawn_worker("decode", 0)
+        mesh.await_ready(good, odd, seeded, dec)
         mesh.prefill += [odd, seeded]
-        mesh.router = mesh._spawn("router", [
-            "router", "--model", str(llama_dir), "--redis-url", mesh.redis_url,
-            "--prefill", ",".join(p.address for p in (good, odd, seeded)), "--decode", dec.address,
-            *mesh._port_args("router")])
-        mesh._await_ready(mesh.router)
+        mesh.restart_router(args=[])
         workers = {w.info.worker_id: w for w in admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest()).workers}
         assert workers["prefill-0"].healthy and not workers["prefill-0"].refused_reason
         assert not workers["odd"].healthy
@@ -69,16 +65,10 @@ def test_prefill_killed_mid_transfer_is_retried_and_leaks_nothing(
     finally:
         del os.environ["PDMESH_FAULT_TRANSFER_DELAY_S"]
     try:
-        healthy = mesh._spawn_worker("prefill", 1)
-        mesh._await_ready(healthy)
+        healthy = mesh.spawn_worker("prefill", 1)
+        mesh.await_ready(healthy)
         # Restart the router so it knows both prefill workers.
-        mesh.kill(mesh.router)  # type: ignore[arg-type]
-        mesh.router = mesh._spawn("router", [
-            "router", "--model", str(llama_dir), "--redis-url", mesh.redis_url,
-            "--prefill", ",".join(p.address for p in mesh.prefill), "--decode", mesh.decode[0].address,
-            "--prefill-policy", "least_loaded", "--info-interval-s", "0.2",
-            *mesh._port_args("router")])
-        mesh._await_ready(mesh.router)
+        mesh.restart_router(args=["--prefill-policy", "least_loaded", "--info-interval-s", "0.2"])
         prompt = mixed_prompts(8, seed=61)[7]
         result: dict = {}
 
@@ -92,8 +82,13 @@ def test_prefill_killed_mid_transfer_is_retried_and_leaks_nothing(
         # ties by id); kill it while its write is pending.
         thread = threading.Thread(target=call)
         thread.start()
-        time.sleep(1.5)
-        mesh.kill(mesh.prefill[0])
+        slow = mesh.prefill[0]
+        deadline = time.monotonic() + 30
+        while not total(scrape(slow.metrics_address), "pdmesh_time_to_first_token_seconds_count"):
+            assert time.monotonic() < deadline, "the slow worker never computed the prompt"
+            time.sleep(0.02)
+        assert not info(slow.address).kv_bytes_sent
+        mesh.kill(slow)  # its prompt computed, its write not yet sent
         thread.join(60)
         assert not thread.is_alive(), "the request hung after its prefill worker died"
         want = hf_refs["llama"].greedy(prompt, 8)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -12,8 +11,8 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
-from tests.conftest import HFReference, mixed_prompts
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
+from tests.oracle import HFReference, mixed_prompts
 
 
 @pytest.fixture()
@@ -88,7 +87,6 @@ def test_disconnecting_an_sse_stream_frees_every_block(mesh: Mesh) -> None:
         for _ in range(4):  # a few tokens, then hang up mid-stream
             assert resp.readline()
         resp.close()
-    time.sleep(0.2)
     for name, info in wait_idle(mesh).items():
         assert info.used_blocks == 0 and info.num_handoffs == 0, name
 

@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any
 
 from pdmesh.launcher import Mesh
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
 
 ODD: list[Any] = [None, 0, -1, 1, 2**31, 2**63, 2**64 + 5, -(2**63) - 1, 1e308, -0.5, 1.5, "x", "", [], {}, True,
                   [1, 2], [-1], [2**40], ["a", ""], "a\ud800b", "\x00", "y" * 5000, {"5": 100}]

@@ -10,13 +10,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from pdmesh.v1 import admin_pb2, worker_pb2, worker_pb2_grpc
-from tests.integration.mesh.conftest import WORKER_ARGS, admin, start_process
+from pdmesh.v1 import admin_pb2
+from tests.integration.mesh_tools import WORKER_ARGS, admin, info, start_process
 
 SEEN_WITHIN_S = 5.0
 """Membership poll (0.5 s) + an Info call; generous for a loaded 2-core CI machine."""
@@ -46,12 +45,6 @@ def healthy(mesh: Mesh, address: str) -> bool:
     """One ListWorkers read (two could straddle the worker's removal)."""
     status = listed(mesh).get(address)
     return status is not None and status.healthy
-
-
-def info(address: str) -> worker_pb2.WorkerInfo:
-    """Fresh from the worker (the router's copy may predate the last requests)."""
-    with grpc.insecure_channel(address) as ch:
-        return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
 
 
 def status_table(mesh: Mesh) -> str:
@@ -115,7 +108,7 @@ def test_workers_join_take_traffic_drain_and_expire(live_mesh: Mesh, tmp_path: P
         # Drain the new decode worker while streams run through the mesh: none may fail.
         errors = []
         waiter = run_load(live_mesh, 12, 48, errors, seed=1)
-        time.sleep(0.3)
+        wait_for(lambda: info(d2_addr).num_running > 0)  # streams run on it as it drains
         d2.send_signal(signal.SIGTERM)
         gone_s = wait_for(lambda: not healthy(live_mesh, d2_addr))
         waiter.join(180)
@@ -181,8 +174,9 @@ def test_an_expired_record_alone_takes_no_worker_out_of_service(live_mesh: Mesh)
     key = "pdmesh:member:decode:decode-0"
     assert client.exists(key)
     ttl_before = client.pttl(key)
-    client.delete(key)  # as if its renewals had stopped long enough for the record to expire
-    time.sleep(0.6)  # three router polls see no record
+    # As if its renewals had stopped long enough for the record to expire: deleted again
+    # until a poll of the router's has found no record (the worker renews it every second).
+    wait_for(lambda: client.delete(key) >= 0 and not listed(live_mesh)[decode.address].member)
     assert listed(live_mesh)[decode.address].healthy
     with Client(live_mesh.router_address, timeout=60) as c:
         assert len(c.complete([5, 6, 7, 8], max_tokens=2, temperature=0).token_ids) == 2

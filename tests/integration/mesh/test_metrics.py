@@ -8,7 +8,7 @@ import time
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
 from pdmesh.telemetry.scrape import scrape, total
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
 
 
 def test_metrics_agree_with_the_run(mesh: Mesh, client: Client) -> None:

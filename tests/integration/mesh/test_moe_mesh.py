@@ -17,8 +17,8 @@ import pytest
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.telemetry.scrape import scrape, total
-from tests.conftest import HFReference, mixed_prompts
-from tests.integration.mesh.conftest import infos, wait_idle
+from tests.integration.mesh_tools import infos, wait_idle
+from tests.oracle import HFReference, mixed_prompts
 
 ARCH = "qwen3_moe"
 MAX_NEW = 24

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
 from pdmesh.rpc.server import CHANNEL_OPTIONS
-from tests.conftest import HFReference
-from tests.integration.mesh.conftest import POOL_BLOCKS, extra_process, extra_router, wait_idle
+from tests.integration.mesh_tools import POOL_BLOCKS, extra_process, extra_router, start_router, wait_idle
+from tests.oracle import HFReference
 
 ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED,
            grpc.StatusCode.OUT_OF_RANGE}
@@ -160,36 +160,22 @@ def test_a_killed_router_leaves_no_block_on_the_workers(mesh: Mesh, tmp_path: Pa
 
     # Streams in progress end when the router's connection does; reservations it made but
     # had not claimed yet end with their lease (renewed while the router lives): 3 s here.
-    with extra_router(mesh, tmp_path, "--lease-ms", "3000") as address:
+    router, address = start_router(mesh, tmp_path, "--lease-ms", "3000")
+    try:
         threads = [threading.Thread(target=stream, args=(address,)) for _ in range(4)]
         for t in threads:
             t.start()
         assert started.wait(30)
-        router = next(p for p in _children() if "router2.port" in p[1])
-        import os
-        import signal
-
-        os.kill(router[0], signal.SIGKILL)
+        router.kill()
         killed_at = time.monotonic()
         wait_idle(mesh, timeout=5.0)
         freed_in = time.monotonic() - killed_at
         for t in threads:
             t.join(30)
+    finally:
+        router.kill()
+        router.wait(10)
     assert freed_in < 5.0
-
-
-def _children() -> list[tuple[int, str]]:
-    """(pid, command line) of this machine's processes (to find the router to kill)."""
-    import os
-
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                out.append((int(pid), open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()))
-            except OSError:
-                pass
-    return out
 
 
 def test_3000_concurrent_streams_complete_or_are_told_to_retry(mesh: Mesh) -> None:

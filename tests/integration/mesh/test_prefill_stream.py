@@ -22,7 +22,7 @@ from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.router.prefill_call import PrefillCall
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
 
 
 @pytest.mark.parametrize("second", ["empty", "none"])
@@ -210,7 +210,7 @@ def test_a_call_whose_whole_answer_came_is_not_stopped_nor_taken_as_cut_off(mesh
             assert first.first_only and not whole.first_only
             stopped = await call.stopped(5.0)  # right after the answer, as the router does
             code = await asyncio.wait_for(raw.code(), 5)
-            return stopped, await call.cut_off(), code, call._stop is None
+            return stopped, await call.cut_off(), code, not call.stop_sent
         finally:
             await decode.Release(messages.release_request(rid), timeout=30)
 

@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2 as wire
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from pdmesh.launcher import Mesh
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
 
 VERSIONS = ("grpc.reflection.v1", "grpc.reflection.v1alpha")
 ROLE_SERVICES = {

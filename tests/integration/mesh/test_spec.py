@@ -13,8 +13,8 @@ import pytest
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
 from pdmesh.telemetry.scrape import scrape, total
-from tests.conftest import HFReference
-from tests.integration.mesh.conftest import WORKER_ARGS, wait_idle
+from tests.integration.mesh_tools import WORKER_ARGS, wait_idle
+from tests.oracle import HFReference
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 64}
 LOOP = [11, 12, 13, 14, 15] * 8  # a prompt n-gram lookup predicts well

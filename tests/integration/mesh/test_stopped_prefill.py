@@ -28,20 +28,15 @@ from pdmesh.launcher import Mesh
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
-from pdmesh.v1 import common_pb2, generate_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import common_pb2, generate_pb2_grpc
 from tests.integration.failover.breaking_proxy import BreakingProxy
-from tests.integration.mesh.conftest import extra_process, infos, wait_idle
+from tests.integration.mesh_tools import extra_process, info, infos, wait_idle
 
 WRITE_DELAY_S = 3.0
 GIVE_UP_AFTER_S = 1.5
 """After the first token: the write is posted by then and lands 1.5 s later."""
 STOP_WAIT_S = 5.0
 """The time a prefill worker has to stop: half the router's default lease (10 s)."""
-
-
-def _info(address: str) -> worker_pb2.WorkerInfo:
-    with grpc.insecure_channel(address) as ch:
-        return worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5)
 
 
 @pytest.fixture()
@@ -67,7 +62,7 @@ def _await_release(mesh: Mesh, prefill: str, sent_before: int, timeout: float = 
     while True:
         decode = infos(mesh)[mesh.decode[0].name]
         if decode.num_handoffs == 0:
-            return _info(prefill).kv_bytes_sent - sent_before, time.monotonic()
+            return info(prefill).kv_bytes_sent - sent_before, time.monotonic()
         assert time.monotonic() < deadline, f"the decode worker still holds {decode.num_handoffs} reservation(s)"
         time.sleep(0.02)
 
@@ -80,7 +75,7 @@ def _router(mesh: Mesh, prefill: str) -> list[str]:
 
 
 def _full_blocks_landed(mesh: Mesh, prompt: list[int], written: int) -> bool:
-    block = _info(mesh.decode[0].address).kv_block_bytes
+    block = info(mesh.decode[0].address).kv_block_bytes
     return written in (len(prompt) // 16 * block, -(-len(prompt) // 16) * block)
 
 
@@ -94,7 +89,7 @@ def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow
     """``PrefillStream``'s third message, ``stop``: the worker ends the call CANCELLED, and not
     before the write it had in flight landed."""
     prompt, params = _prompt(3), SamplingParams(max_tokens=4, temperature=0)
-    sent_before = _info(slow_prefill).kv_bytes_sent
+    sent_before = info(slow_prefill).kv_bytes_sent
 
     async def run() -> tuple[grpc.StatusCode, str, float]:
         rid = "stopped-at-the-worker"
@@ -121,7 +116,7 @@ def test_a_stopped_prefill_ends_cancelled_once_its_write_landed(mesh: Mesh, slow
     assert code == grpc.StatusCode.CANCELLED and "stopped by its router" in details, (code, details)
     # The full blocks' write was in flight (posted once the destination came); the last,
     # partial block's is posted after it, unless the stop came first.
-    assert _full_blocks_landed(mesh, prompt, _info(slow_prefill).kv_bytes_sent - sent_before)
+    assert _full_blocks_landed(mesh, prompt, info(slow_prefill).kv_bytes_sent - sent_before)
     assert took > (WRITE_DELAY_S - GIVE_UP_AFTER_S) / 2, f"the call ended {took:.2f}s after the stop, before its write"
     wait_idle(mesh)
 
@@ -131,7 +126,7 @@ def test_a_request_given_up_after_its_first_token_frees_its_reservation_after_th
     mesh: Mesh, slow_prefill: str, tmp_path: Path, how: str
 ) -> None:
     prompt = _prompt({"cancel": 5, "abort": 6, "deadline": 7}[how])
-    sent_before = _info(slow_prefill).kv_bytes_sent
+    sent_before = info(slow_prefill).kv_bytes_sent
     with extra_process(tmp_path, "router-late", _router(mesh, slow_prefill)) as address, \
             grpc.insecure_channel(address) as ch, Client(address) as client:
         rid = f"given-up-{how}"
@@ -168,7 +163,7 @@ def test_a_call_cut_off_after_its_first_token_frees_its_reservation_after_the_wr
     after the time a worker has to stop (half a lease), not at once; the request itself
     goes on on the decode worker from its first token without waiting for that."""
     prompt = _prompt(8)
-    sent_before = _info(slow_prefill).kv_bytes_sent
+    sent_before = info(slow_prefill).kv_bytes_sent
     proxy = BreakingProxy(slow_prefill, {}, cuts={"PrefillStream": {"cut-off"}}, cut_delay_s=GIVE_UP_AFTER_S)
     try:
         with extra_process(tmp_path, "router-cut", _router(mesh, proxy.address)) as address, \
@@ -193,7 +188,7 @@ def test_a_worker_deaf_to_stop_keeps_the_reservation_until_its_call_ends(
     never reads it and ends the call when its answer is whole, after its write: the router
     that asked it to stop gives the reservation back only then."""
     prompt = _prompt(9)
-    sent_before = _info(slow_prefill).kv_bytes_sent
+    sent_before = info(slow_prefill).kv_bytes_sent
     proxy = BreakingProxy(slow_prefill, {}, drops_stop={"PrefillStream": {"deaf"}})
     try:
         with extra_process(tmp_path, "router-deaf", _router(mesh, proxy.address)) as address, \

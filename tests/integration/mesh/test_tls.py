@@ -4,6 +4,7 @@ exactly, and a client without the certificate or the key is refused with a clear
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,27 +13,31 @@ import pytest
 
 from pdmesh.client import Client, Security
 from pdmesh.launcher import Mesh, MeshSpec
-from tests.conftest import HFReference
-from tests.integration.mesh.conftest import WORKER_ARGS, start_process
+from tests.integration.mesh_tools import WORKER_ARGS, start_process
+from tests.oracle import HFReference
 
 KEY = "s3cret-key"
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A test CA and one certificate for 127.0.0.1 (server and client use), made by openssl."""
+    """A test CA with one certificate for 127.0.0.1 (server and client use), and a second CA
+    with a certificate of its own (a stranger's), made by openssl."""
     d = tmp_path_factory.mktemp("certs")
 
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=pdmesh-test-ca")
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "mesh.key", "-out", "mesh.csr", "-subj", "/CN=pdmesh")
+    for ca in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
+            "-days", "2", "-subj", f"/CN=pdmesh-test-{ca}")
     (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
                                "extendedKeyUsage=serverAuth,clientAuth\n")
-    run("x509", "-req", "-in", "mesh.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "mesh.pem", "-days", "2", "-extfile", "ext.cnf")
+    for leaf, ca in (("mesh", "ca"), ("stranger", "other-ca")):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{leaf}.key", "-out", f"{leaf}.csr",
+            "-subj", f"/CN={leaf}")
+        run("x509", "-req", "-in", f"{leaf}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-out", f"{leaf}.pem", "-days", "2", "-extfile", "ext.cnf")
     return d
 
 
@@ -42,8 +47,15 @@ def tls_mesh(llama_dir: Path, certs: Path, tmp_path_factory: pytest.TempPathFact
                     router_args=["--api-key", KEY], http_port=0, log_dir=str(tmp_path_factory.mktemp("tls-logs")),
                     tls_cert=str(certs / "mesh.pem"), tls_key=str(certs / "mesh.key"),
                     tls_ca=str(certs / "ca.pem"))
-    with Mesh(spec) as m:
-        yield m
+    # A handshake the router refuses reaches the client only as a closed socket; gRPC core
+    # logs its cause at INFO, which the refusal tests read from the router's log.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GRPC_VERBOSITY", "INFO")
+        mesh = Mesh(spec).start()
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
 
 
 def full(certs: Path, **changes: str) -> Security:
@@ -60,21 +72,59 @@ def test_mutual_tls_mesh_serves_exactly(tls_mesh: Mesh, certs: Path, hf_refs: di
 
 
 @pytest.mark.parametrize(
-    ("security", "code", "words"),
+    ("security", "client_sees", "router_logs"),
     [
-        ({"tls_ca": "", "tls_cert": "", "tls_key": ""}, grpc.StatusCode.UNAVAILABLE, ""),  # plaintext
-        ({"tls_cert": "", "tls_key": ""}, grpc.StatusCode.UNAVAILABLE, ""),  # no client certificate
-        ({"api_key": ""}, grpc.StatusCode.UNAUTHENTICATED, "requires an API key"),
-        ({"api_key": "wrong"}, grpc.StatusCode.UNAUTHENTICATED, "wrong API key"),
+        # The router hangs up in the handshake: the client's call ends on a closed socket
+        # (a dead router's would be "Connection refused"), the cause is in the router's log.
+        ({"tls_ca": "", "tls_cert": "", "tls_key": ""}, "Socket closed", "WRONG_VERSION_NUMBER"),  # plaintext
+        ({"tls_cert": "", "tls_key": ""}, "Socket closed", "PEER_DID_NOT_RETURN_A_CERTIFICATE"),
+        ({"tls_cert": "stranger.pem", "tls_key": "stranger.key"}, "Socket closed", "CERTIFICATE_VERIFY_FAILED"),
+        # The client refuses the router: the cause is in the client's own status.
+        ({"tls_ca": "other-ca.pem"}, "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate", ""),
+        ({"tls_ca": ""}, "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate", ""),  # system roots
     ],
+    ids=["plaintext", "no-client-cert", "client-cert-of-another-ca", "router-checked-against-another-ca",
+         "no-tls-ca"],
 )
-def test_a_client_without_certificate_or_key_is_refused(
-    tls_mesh: Mesh, certs: Path, security: dict[str, str], code: grpc.StatusCode, words: str
+def test_a_handshake_that_cannot_be_trusted_is_refused_for_its_cause(
+    tls_mesh: Mesh, certs: Path, security: dict[str, str], client_sees: str, router_logs: str
 ) -> None:
-    with Client(tls_mesh.router_address, timeout=10, security=full(certs, **security)) as c:
+    assert tls_mesh.router is not None
+    logged = len(tls_mesh.router.log.read_bytes())
+    files = {k: str(certs / v) if v else "" for k, v in security.items()}
+    with Client(tls_mesh.router_address, timeout=10, security=full(certs, **files)) as c:
         with pytest.raises(grpc.RpcError) as err:
             c.complete([5, 6, 7], max_tokens=2)
-    assert err.value.code() == code
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert client_sees in (err.value.details() or ""), err.value.details()
+    if router_logs:
+        deadline = time.monotonic() + 10
+        while router_logs not in tls_mesh.router.log.read_bytes()[logged:].decode(errors="replace"):
+            assert time.monotonic() < deadline, f"the router's log does not name {router_logs}"
+            time.sleep(0.05)
+
+
+def test_a_router_whose_certificate_names_another_host_is_refused(tls_mesh: Mesh, certs: Path) -> None:
+    """The certificate is checked against the name dialled: the mesh's names 127.0.0.1 and
+    localhost, so a client that expects another host refuses it."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    creds = full(certs).credentials()
+    assert creds is not None
+    with grpc.secure_channel(tls_mesh.router_address, creds,
+                             options=[("grpc.ssl_target_name_override", "elsewhere.example")]) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Hostname Verification Check failed" in (err.value.details() or ""), err.value.details()
+
+
+@pytest.mark.parametrize(("api_key", "words"), [("", "requires an API key"), ("wrong", "wrong API key")])
+def test_a_client_without_the_key_is_refused(tls_mesh: Mesh, certs: Path, api_key: str, words: str) -> None:
+    with Client(tls_mesh.router_address, timeout=10, security=full(certs, api_key=api_key)) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.complete([5, 6, 7], max_tokens=2)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert words in (err.value.details() or "")
 
 
@@ -117,8 +167,6 @@ def test_a_public_port_without_client_certificates_still_needs_the_key(
 ) -> None:
     """``--require-client-cert false``: public clients verify the router and send the API
     key; the router's own hops to the workers stay mutual TLS."""
-    import time
-
     from pdmesh.rpc.tls import TLSFiles
 
     tls_flags = ["--tls-cert", str(certs / "mesh.pem"), "--tls-key", str(certs / "mesh.key"),

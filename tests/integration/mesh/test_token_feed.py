@@ -21,7 +21,7 @@ from pdmesh.rpc.feed_sink import FedCall, Feeds
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import worker_pb2
-from tests.integration.mesh.conftest import wait_idle
+from tests.integration.mesh_tools import wait_idle
 
 
 def _prompt(seed: int, n: int = 40) -> list[int]:

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1 import (
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from tests.integration.mesh.conftest import WORKER_ARGS
+from tests.integration.mesh_tools import WORKER_ARGS
 
 
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):

@@ -15,7 +15,8 @@ from pdmesh.bench.routing.sim import SimSpec, simulate
 from pdmesh.bench.routing.traffic import TrafficSpec, build_traffic
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
-from pdmesh.v1 import admin_pb2, admin_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdmesh.v1 import admin_pb2, admin_pb2_grpc
+from tests.integration.mesh_tools import info
 
 BS = 16
 
@@ -103,10 +104,7 @@ def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url
             index_settled(mesh.redis_url)
         # What the prefill workers found in their own caches (the decode worker keeps
         # prompts too, but the simulator models the prefill side).
-        cached = 0
-        for p in mesh.prefill:
-            with grpc.insecure_channel(p.address) as ch:
-                cached += worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=5).cached_prompt_tokens
+        cached = sum(info(p.address).cached_prompt_tokens for p in mesh.prefill)
         with grpc.insecure_channel(mesh.router_address) as ch:
             decisions = dict(admin_pb2_grpc.MeshAdminStub(ch).RouterStats(admin_pb2.RouterStatsRequest()).decisions)
     real_hit = cached / prompt

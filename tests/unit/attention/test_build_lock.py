@@ -113,21 +113,21 @@ def test_a_worker_that_builds_the_kernels_is_given_more_time_to_start(tmp_path: 
                 "with BuildMark() as m:\n    m.show(); time.sleep(60)")
     for code, least, most, why in ((building, 2.5, 6.0, "building pdmesh's CPU kernels"),
                                    ("import time; time.sleep(60)", 0.5, 2.0, "")):
-        env = dict(os.environ, **{BUILD_MARK_ENV: str(mesh._build_mark("prefill-0"))})
+        env = dict(os.environ, **{BUILD_MARK_ENV: str(mesh.watch.build_mark("prefill-0"))})
         popen = subprocess.Popen([sys.executable, "-c", code], env=env)
         try:
             shown = time.monotonic() + 30  # the child's start on a loaded machine is not what is timed
-            while why and not mesh._build_mark("prefill-0").exists() and time.monotonic() < shown:
+            while why and not mesh.watch.build_mark("prefill-0").exists() and time.monotonic() < shown:
                 time.sleep(0.05)
             start = time.monotonic()
             with pytest.raises(RuntimeError, match="not ready after") as err:
-                mesh._await_ready(launcher.Proc("prefill-0", popen))
+                mesh.await_ready(launcher.Proc("prefill-0", popen))
             assert least <= time.monotonic() - start < most
             assert why in str(err.value)
         finally:
             popen.kill()
             popen.wait(10)
-        mesh._build_mark("prefill-0").unlink(missing_ok=True)
+        mesh.watch.build_mark("prefill-0").unlink(missing_ok=True)
 
 
 def test_a_filesystem_without_flock_builds_under_torchs_lock_alone_and_says_so(

@@ -16,7 +16,7 @@ from pdmesh import LLM, SamplingParams
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ARCHITECTURES, ModelConfig
 from pdmesh.model.layers import RotaryEmbedding, longrope_inv_freq
-from tests.conftest import mixed_prompts
+from tests.oracle import mixed_prompts
 
 
 def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = False) -> Path:

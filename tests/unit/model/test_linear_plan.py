@@ -22,7 +22,7 @@ from pdmesh.model.linear_plan import (
     Product,
     decide,
 )
-from tests.conftest import mixed_prompts
+from tests.oracle import mixed_prompts
 
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN (mkldnn)")
 KERNELS = load()

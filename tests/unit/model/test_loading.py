@@ -15,7 +15,7 @@ from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import rope_inv_freq
 from pdmesh.tools.make_tiny import make_tiny
-from tests.conftest import mixed_prompts
+from tests.oracle import mixed_prompts
 
 
 def _config(path: Path) -> dict:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from pdmesh.measure_lock import STATE_DIR_ENV
 from pdmesh.model import linear_plan, onednn, plan_store
 from pdmesh.model.linear_plan import Product
 
@@ -50,7 +50,7 @@ def test_entries_not_in_the_stores_form_are_measured_again_and_dropped(tmp_path:
 
 @pytest.mark.skipif(not onednn.available(), reason="this torch build has no oneDNN (mkldnn)")
 def test_choose_shares_its_plan_with_the_next_process_on_the_same_shapes(monkeypatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the store and the lock live here
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))  # the store and the lock live here
     calls = [0]
 
     def slow(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -71,7 +71,7 @@ def test_choose_shares_its_plan_with_the_next_process_on_the_same_shapes(monkeyp
 
 
 def test_a_stored_plan_this_version_cannot_run_is_measured_again(monkeypatch, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(plan_store, "load", lambda key: plan_store.Stored(("kernel",) * 9, 1.0, 1))  # 64+ rows: no
     calls = [0]
 
@@ -89,7 +89,7 @@ def test_a_plan_timed_on_another_build_of_a_product_is_measured_again(monkeypatc
     """pdmesh's kernels are a module named by a digest of their sources: a plan timed on
     an older few-row kernel (an upgrade within the store's ten minutes, or two checkouts
     compared side by side) must not decide for a newer one."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))
     calls = [0]
 
     def build(module: str):  # type: ignore[no-untyped-def]

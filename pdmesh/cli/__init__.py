@@ -48,6 +48,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.serve.command import run_serve as bench
         elif name == "spec":
             from pdmesh.bench.spec import run_spec_bench as bench
+        elif name == "stalls":
+            from pdmesh.bench.stalls import run_stalls as bench
         elif name == "route-sim":
             from pdmesh.bench.routing.sim_command import run_route_sim as bench
         elif name == "route-mesh":
@@ -178,6 +180,12 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     bspec.add_argument("--out", default="bench-results/spec.json", help="JSON report; a PNG beside it (default: %(default)s)")
     bspec.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bspec.set_defaults(func=_bench("spec"))
+    bstall = bsub.add_parser("stalls", help="a worker that hangs (SIGSTOP) instead of dying: streams completed, "
+                             "gaps, TTFT during the hang, blocks freed")
+    from pdmesh.bench.stalls import add_arguments as add_stalls
+
+    add_stalls(bstall)
+    bstall.set_defaults(func=_bench("stalls"))
     btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
     btr.add_argument("--requests", type=int, default=5000, help="requests to time (default: 5000)")
     btr.add_argument("--out", default="bench-results/tracing.json", help="JSON report (default: %(default)s)")

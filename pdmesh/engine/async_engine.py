@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pdmesh.engine.core_share import CoreShare
+from pdmesh.engine.faults import StepStall
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.engine.resume import Resume
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
@@ -144,6 +145,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         name_os_thread("pdmesh-engine")  # its OpenMP pool inherits the name
         eng = self.engine
+        stall = StepStall.from_env()
         while not self._stopping:
             self._apply_aborts()
             if not eng.has_unfinished_requests():  # a step would render these itself
@@ -172,6 +174,8 @@ class AsyncLLMEngine:
                 self.core_share.step_done()
             progress = self._progress() if self._progress_listeners else []
             self._post(self._deliver, outputs, progress)
+            if stall is not None:
+                stall.step_done()
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         loop = self._loop

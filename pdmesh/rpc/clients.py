@@ -11,7 +11,7 @@ import grpc
 from pdmesh.mesh_types import WorkerInfo
 from pdmesh.rpc import tls
 from pdmesh.rpc.convert import info_from_proto
-from pdmesh.rpc.server import CHANNEL_OPTIONS
+from pdmesh.rpc.server import MESH_CHANNEL_OPTIONS
 from pdmesh.v1 import kvstore_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 _channels: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, grpc.aio.Channel]] = (
@@ -27,8 +27,8 @@ def channel(address: str) -> grpc.aio.Channel:
     ch = per_loop.get(address)
     if ch is None:
         files = tls.current()
-        ch = (grpc.aio.secure_channel(address, files.channel_credentials(), options=CHANNEL_OPTIONS)
-              if files is not None else grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+        ch = (grpc.aio.secure_channel(address, files.channel_credentials(), options=MESH_CHANNEL_OPTIONS)
+              if files is not None else grpc.aio.insecure_channel(address, options=MESH_CHANNEL_OPTIONS))
         per_loop[address] = ch
     return ch
 
@@ -53,3 +53,9 @@ async def fetch_info(address: str, timeout: float, kvstore: bool = False) -> Wor
     """A worker's (or the kvstore's) ``Info``; raises ``grpc.aio.AioRpcError`` when it is down."""
     stub = kvstore_stub(address) if kvstore else worker_stub(address)
     return info_from_proto(await stub.Info(worker_pb2.InfoRequest(), timeout=timeout))
+
+
+def fetch_info_blocking(address: str, timeout: float) -> WorkerInfo:
+    """``fetch_info`` for a caller without an event loop (a benchmark driving a mesh)."""
+    with grpc.insecure_channel(address, options=MESH_CHANNEL_OPTIONS) as ch:
+        return info_from_proto(worker_pb2_grpc.WorkerStub(ch).Info(worker_pb2.InfoRequest(), timeout=timeout))

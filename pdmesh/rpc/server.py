@@ -37,10 +37,40 @@ SERVER_OPTIONS = [
     ("grpc.server.max_pending_requests", 100_000),
     ("grpc.server.max_pending_requests_hard_limit", 100_000),
     ("grpc.so_reuseport", 0),
+    # The mesh's own channels ping twice a second while a call is open (MESH_CHANNEL_OPTIONS);
+    # the default would take those pings as abuse and close the connection (GOAWAY).
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 250),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+KEEPALIVE_S = 1.0
+"""A ping unanswered this long closes a mesh connection, and a connection attempt with no
+answer within it fails."""
+PING_AFTER_S = 0.5
+"""A mesh channel with calls open pings its peer after this long without a frame: a stopped
+peer is found ``PING_AFTER_S + KEEPALIVE_S`` after its last frame."""
+MESH_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    # A worker whose process stopped (paused, a host swapping, a dead NIC) keeps its socket:
+    # without these a call to it waits for its deadline. With them, every call open on it
+    # ends UNAVAILABLE ("ping timeout") ~1.5 s after its last frame, and a new call fails
+    # UNAVAILABLE ("timed out before receiving SETTINGS frame") in ~1 s: the router's
+    # handling of a worker that died takes over. Pings are answered by gRPC's own threads,
+    # so a worker in a long step still answers them. ``ping_timeout_ms`` bounds every ping
+    # (keepalive's own timeout never started while a flow-control ping sent just before the
+    # stop was still unanswered: 60 s by default); ``min_reconnect_backoff_ms`` is also the
+    # connection attempt's deadline.
+    ("grpc.keepalive_time_ms", int(PING_AFTER_S * 1000)),
+    ("grpc.keepalive_timeout_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.http2.ping_timeout_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.min_reconnect_backoff_ms", int(KEEPALIVE_S * 1000)),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 

@@ -92,6 +92,16 @@ class RouterConfig(MeshContract, ServerConfig):
     every request's own call."""
     max_migrations: int = 3
     """Times one request may move to another decode worker after its worker failed."""
+    stall_floor_s: float = 2.0
+    """A decode stream that has sent a message waits at least this long for its next before
+    it is moved to another decode worker as stalled (services/router/stalls.py)."""
+    stall_factor: float = 10.0
+    """... or this many times its worker's recent 99th-percentile gap, if that is longer."""
+    stall_ceiling_s: float = 30.0
+    """... but never longer than this."""
+    stall_hold_s: float = 10.0
+    """A decode worker whose stream stalled gets no new request for this long, unless one of
+    its streams delivers again first."""
     max_request_mb: float = 8.0
     """Largest request the public fronts read; larger ones are refused before they are
     read into memory (gRPC RESOURCE_EXHAUSTED, HTTP 413). The default holds a prompt that

@@ -45,9 +45,10 @@ PREFILL_ATTEMPTS = 3
 """Routing attempts before the stream starts: a prefill worker that is unreachable or
 breaks the call, or a decode worker that does either, is full or loses the KV write, sends
 the request to another (the only decode worker: to it again)."""
-MIGRATE_ON = WORKER_FAILED | {grpc.StatusCode.ABORTED}
+MIGRATE_ON = WORKER_FAILED | {grpc.StatusCode.ABORTED, grpc.StatusCode.NOT_FOUND}
 """Decode stream failures that move the request to another decode worker (the worker
-died, drained, lost its KV); the caller's own cancel never reaches here as one of them."""
+died, drained, lost its KV, or no longer holds the reservation: its lease ran out while
+the worker was stopped); the caller's own cancel never reaches here as one of them."""
 
 
 @dataclass(eq=False)
@@ -281,9 +282,43 @@ class RequestFlow:
         return call
 
     async def _relay(self, call: Any) -> AsyncIterator[Any]:
+        """``call``'s messages; raises ``stalled`` when one is late past its worker's bound
+        (``stalls.py``) while another decode worker could take the request over (with none,
+        the request's deadline bounds the wait). Read in this task: a timeout cancels the
+        read, and with it the call, which the request then leaves."""
         self.start_call(call)
+        worker, cfg = self.decode_worker(), self.core.cfg
+        messages_ = call.__aiter__()
+        last: float | None = None  # when the previous message came; None before the first
         try:
-            async for resp in call:
+            while True:
+                bound = None
+                if last is not None and self._elsewhere(worker):
+                    bound = worker.stalls.bound(cfg.stall_floor_s, cfg.stall_ceiling_s, cfg.stall_factor)
+                try:
+                    async with asyncio.timeout(bound):
+                        resp = await anext(messages_)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    worker.stalls.stalled()
+                    raise stalled(worker.worker_id, bound or 0.0) from None
+                now = asyncio.get_running_loop().time()
+                worker.stalls.delivered(None if last is None else now - last)
+                last = now
                 yield resp
         finally:
             call.cancel()  # no-op when finished; aborts the decode side when we leave early
+
+    def _elsewhere(self, worker: WorkerHandle) -> bool:
+        """Another healthy decode worker this request has not failed on could take it over."""
+        return any(w is not worker and w.worker_id not in self.failed_decode
+                   for w in self.core.workers.healthy("decode"))
+
+
+def stalled(worker_id: str, bound_s: float) -> grpc.aio.AioRpcError:
+    """A stream that went without a message past its bound, as the failed call it is to
+    the migration path (UNAVAILABLE: ``MIGRATE_ON``)."""
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                f"decode worker {worker_id} sent no token for {bound_s:.1f}s (stalled)")
+

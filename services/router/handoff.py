@@ -54,6 +54,27 @@ def stop_wait_s(flow: RequestFlow) -> float:
     return flow.core.cfg.lease_ms / 2000
 
 
+DECODE_WATCH_S = 0.25
+"""How often a hand-off waiting for its KV write looks whether its decode worker is down."""
+
+
+class DecodeLost(Exception):
+    """The decode worker of a hand-off was marked down while its KV was being written."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(f"decode worker {worker_id} stopped answering while its KV was written")
+
+    def status(self) -> grpc.aio.AioRpcError:
+        """As the call that failed reports it: ABORTED, a lost KV write (``MIGRATE_ON``)."""
+        return grpc.aio.AioRpcError(grpc.StatusCode.ABORTED, grpc.aio.Metadata(), grpc.aio.Metadata(), str(self))
+
+
+def _retrieved(read: asyncio.Future[Any]) -> None:
+    """A read nobody waits for any more: its end is retrieved, not reported."""
+    if not read.cancelled():
+        read.exception()
+
+
 LATE_WHY = ("cut_off", "not_stopped")
 """Why a reservation went back late (``RouterCore.late_give_backs``)."""
 
@@ -132,7 +153,9 @@ class Handoff:
         that crossed an abort on its way counts as the abort."""
         try:
             async with asyncio.timeout_at(self.flow.deadline):  # the call's own runs out later: see below
-                msg = await self.call.read()  # raises the call's status when it failed
+                msg = await self._read_while_decode_lives()  # raises the call's status when it failed
+        except DecodeLost as exc:
+            return self._decode_lost(exc)
         except grpc.aio.AioRpcError as exc:
             return await self._failed(exc)
         except TimeoutError:
@@ -148,6 +171,36 @@ class Handoff:
             await self.give_back()
             raise asyncio.CancelledError
         return msg
+
+    async def _read_while_decode_lives(self) -> Any:
+        """The prefill call's next message, unless the decode worker it writes into is marked
+        down first (a stopped worker's pool takes no write: the prefill would wait for the
+        write's deadline, and the request with it)."""
+        decode = self.flow.decode_worker()
+        # Waited on, never cancelled: a read cancelled as its message came would lose it.
+        reading = asyncio.ensure_future(self.call.read())
+        try:
+            while True:
+                done, _ = await asyncio.wait({reading}, timeout=DECODE_WATCH_S)
+                if done:
+                    return reading.result()
+                if not decode.healthy:
+                    raise DecodeLost(decode.worker_id)
+        finally:
+            if not reading.done():  # left for the call's end (its stop reads on: prefill_call.py)
+                reading.add_done_callback(_retrieved)
+
+    def _decode_lost(self, exc: DecodeLost) -> None:
+        """The decode worker was marked down while its KV was written: the request goes on
+        elsewhere at once (``failover.replace_decode``: from the first token on, the next
+        worker prefills it by itself), and the reservation goes back in the background once
+        the prefill worker stopped (or is left to its lease on the worker that stopped)."""
+        self.renewing.cancel()
+        if not self.returned:
+            self.returned = True
+            reservation.in_background(give_back_when_stopped(self.flow, self.call, self.d_stub, self.rid))
+        failover.replace_decode(self.flow, exc.status(), "kv transfer")
+        return None
 
     async def _failed(self, exc: grpc.aio.AioRpcError) -> None:
         """The prefill call failed once the reservation was made: the reservation goes back

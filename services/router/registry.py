@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -30,6 +30,7 @@ from pdmesh.mesh_types import WorkerInfo
 from pdmesh.model.source import identity_name
 from pdmesh.rpc.clients import fetch_info
 from services.router.config import RouterConfig
+from services.router.stalls import StallWatch
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class WorkerHandle:
     """Present in the membership at the last poll."""
     left: bool = False
     """Was a member and is no longer: it gets no new requests."""
+    stalls: StallWatch = field(default_factory=StallWatch)
+    """Its streams' recent gaps; a stall keeps new requests away (``stalls.py``)."""
 
     @property
     def worker_id(self) -> str:
@@ -85,7 +88,7 @@ class WorkerHandle:
         if self.refused:
             return "refused"
         if self.healthy:
-            return "serving"
+            return "stalled" if self.stalls.stalled_at > float("-inf") else "serving"
         return "joining" if self.info is None and not self.failures else "down"
 
     @property
@@ -147,7 +150,10 @@ class Registry:
         self._probes: dict[WorkerHandle, asyncio.Task[None]] = {}
 
     def healthy(self, role: str) -> list[WorkerHandle]:
-        return [w for w in self.workers if w.role == role and w.healthy]
+        """The workers of ``role`` a new request may go to: healthy, and not holding off
+        after a stalled stream while another is not."""
+        ok = [w for w in self.workers if w.role == role and w.healthy]
+        return [w for w in ok if not w.stalls.holding(self.cfg.stall_hold_s)] or ok
 
     def call_failed(self, handle: WorkerHandle, code: grpc.StatusCode) -> None:
         """A request's call to ``handle`` failed with ``code``: unreachable marks it down
@@ -178,8 +184,13 @@ class Registry:
             info = await fetch_info(w.address, timeout=self.cfg.info_timeout_s)
         except grpc.aio.AioRpcError as exc:
             w.failures += 1
-            if probing and exc.code() == grpc.StatusCode.UNAVAILABLE:
-                log.warning("%s worker at %s is unreachable after a failed request", w.role, w.address)
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                # Unreachable, not slow: no connection, or a connection whose pings went
+                # unanswered (a stopped process: pdmesh/rpc/server.py, MESH_CHANNEL_OPTIONS).
+                # Down at once; the next Info it answers brings it back.
+                if w.healthy:
+                    log.warning("%s worker at %s is unreachable%s: %s", w.role, w.address,
+                                " after a failed request" if probing else "", exc.details())
                 w.healthy = False
             elif w.healthy and w.failures >= self.cfg.down_after_failures:
                 log.warning("%s worker at %s stopped answering (%d Info calls failed: %s)",
@@ -220,8 +231,15 @@ class Registry:
         return ""
 
     async def run(self) -> None:
+        """Ask every worker for its Info each ``info_interval_s``; a worker whose last call is
+        still out (one that hangs, up to ``info_timeout_s``) is skipped, so that it delays
+        nobody else's."""
+        polls: dict[WorkerHandle, asyncio.Task[None]] = {}
         while True:
-            await self.refresh()
+            for w in self.workers:
+                if w not in polls:
+                    polls[w] = task = asyncio.get_running_loop().create_task(self._refresh(w))
+                    task.add_done_callback(lambda _, w=w: polls.pop(w, None))
             await asyncio.sleep(self.cfg.info_interval_s)
 
     def sync_members(self, members: list[Member]) -> list[WorkerHandle]:

@@ -36,8 +36,15 @@ async def give_back(stub: Any, request_id: str, prefill_response: Any = None) ->
         await asyncio.shield(stub.Release(messages.release_request(request_id, prefill_response), timeout=5.0))
 
 
-_later: set[asyncio.Task[None]] = set()
-"""Give-backs waiting their time (referenced here so that they run to their end)."""
+_background: set[asyncio.Task[None]] = set()
+"""Give-backs left to run on their own (referenced here so that they run to their end)."""
+
+
+def in_background(coro: Any) -> None:
+    """Run ``coro`` to its end without anyone waiting for it."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 def give_back_later(stub: Any, request_id: str, delay_s: float) -> None:
@@ -47,6 +54,4 @@ def give_back_later(stub: Any, request_id: str, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         await give_back(stub, request_id)
 
-    task = asyncio.get_running_loop().create_task(later())
-    _later.add(task)
-    task.add_done_callback(_later.discard)
+    in_background(later())

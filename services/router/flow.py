@@ -295,12 +295,15 @@ class RequestFlow:
                 bound = None
                 if last is not None and self._elsewhere(worker):
                     bound = worker.stalls.bound(cfg.stall_floor_s, cfg.stall_ceiling_s, cfg.stall_factor)
+                waiting = asyncio.timeout(bound)
                 try:
-                    async with asyncio.timeout(bound):
+                    async with waiting:
                         resp = await anext(messages_)
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
+                    if not waiting.expired():
+                        raise  # the call's own, not the stall bound's
                     worker.stalls.stalled()
                     raise stalled(worker.worker_id, bound or 0.0) from None
                 now = asyncio.get_running_loop().time()

@@ -33,7 +33,7 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.status import WORKER_FAILED
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.router import failover, first_token, handoff
+from services.router import failover, first_token, handoff, stalls
 from services.router.caller_stream import caller_stream
 from services.router.policies import Decision
 from services.router.registry import WorkerHandle
@@ -282,46 +282,22 @@ class RequestFlow:
         return call
 
     async def _relay(self, call: Any) -> AsyncIterator[Any]:
-        """``call``'s messages; raises ``stalled`` when one is late past its worker's bound
-        (``stalls.py``) while another decode worker could take the request over (with none,
-        the request's deadline bounds the wait). Read in this task: a timeout cancels the
-        read, and with it the call, which the request then leaves."""
+        """``call``'s messages, raising ``stalls.stalled`` when one is late past its worker's
+        bound while another decode worker could take the request over (with none, the
+        request's deadline bounds the wait)."""
         self.start_call(call)
-        worker, cfg = self.decode_worker(), self.core.cfg
-        messages_ = call.__aiter__()
-        last: float | None = None  # when the previous message came; None before the first
+        worker = self.decode_worker()
         try:
-            while True:
-                bound = None
-                if last is not None and self._elsewhere(worker):
-                    bound = worker.stalls.bound(cfg.stall_floor_s, cfg.stall_ceiling_s, cfg.stall_factor)
-                waiting = asyncio.timeout(bound)
-                try:
-                    async with waiting:
-                        resp = await anext(messages_)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    if not waiting.expired():
-                        raise  # the call's own, not the stall bound's
-                    worker.stalls.stalled()
-                    raise stalled(worker.worker_id, bound or 0.0) from None
-                now = asyncio.get_running_loop().time()
-                worker.stalls.delivered(None if last is None else now - last)
-                last = now
+            async for resp in stalls.watched(call, worker.stalls, lambda: self._stall_bound(worker), worker.worker_id):
                 yield resp
         finally:
             call.cancel()  # no-op when finished; aborts the decode side when we leave early
 
-    def _elsewhere(self, worker: WorkerHandle) -> bool:
-        """Another healthy decode worker this request has not failed on could take it over."""
-        return any(w is not worker and w.worker_id not in self.failed_decode
-                   for w in self.core.workers.healthy("decode"))
-
-
-def stalled(worker_id: str, bound_s: float) -> grpc.aio.AioRpcError:
-    """A stream that went without a message past its bound, as the failed call it is to
-    the migration path (UNAVAILABLE: ``MIGRATE_ON``)."""
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                f"decode worker {worker_id} sent no token for {bound_s:.1f}s (stalled)")
-
+    def _stall_bound(self, worker: WorkerHandle) -> float | None:
+        """How long the stream may wait for its next message; None while no other healthy
+        decode worker this request has not failed on could take it over."""
+        if not any(w is not worker and w.worker_id not in self.failed_decode
+                   for w in self.core.workers.healthy("decode")):
+            return None
+        cfg = self.core.cfg
+        return worker.stalls.bound(cfg.stall_floor_s, cfg.stall_ceiling_s, cfg.stall_factor)

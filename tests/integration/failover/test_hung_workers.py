@@ -24,6 +24,7 @@ from pdmesh.client import Client
 from pdmesh.engine.faults import STEP_STALL_ENV
 from pdmesh.launcher import Mesh
 from pdmesh.start_watch import Proc
+from pdmesh.v1 import admin_pb2
 from tests.integration.mesh_tools import admin, info, small_spec, wait_idle
 from tests.oracle import mixed_prompts
 
@@ -84,7 +85,7 @@ def mesh(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def test_a_stopped_decode_worker_s_streams_and_new_requests_finish_before_it_goes_on(mesh: Mesh) -> None:
     requests, fresh = _requests(), [(p, {"temperature": 0}) for p in mixed_prompts(4, seed=92)]
     want, want_fresh = _reference(mesh.router_address, requests, MAX_NEW), _reference(mesh.router_address, fresh, 32)
-    migrations = admin(mesh).RouterStats(_stats_request(), timeout=5).decode_migrations
+    migrations = admin(mesh).RouterStats(admin_pb2.RouterStatsRequest(), timeout=5).decode_migrations
     run = Run(mesh.router_address, requests, MAX_NEW)
     run.until(10 * len(requests))
     victim = max(mesh.decode, key=lambda p: info(p.address).num_running)
@@ -94,7 +95,7 @@ def test_a_stopped_decode_worker_s_streams_and_new_requests_finish_before_it_goe
         finished = max(run.ended + during.ended)
         assert finished < stopped_at + HANG_S, "the streams waited for the stopped worker"
     assert got == want and got_fresh == want_fresh
-    assert admin(mesh).RouterStats(_stats_request(), timeout=5).decode_migrations > migrations
+    assert admin(mesh).RouterStats(admin_pb2.RouterStatsRequest(), timeout=5).decode_migrations > migrations
     print(f"\nall streams ended {finished - stopped_at:.2f}s after the stop")
     wait_idle(mesh, timeout=15)  # the stopped worker, going on, frees what it held
 
@@ -120,7 +121,7 @@ def test_a_stuck_engine_s_streams_move_and_new_requests_avoid_it(mesh: Mesh, tmp
         got = run.join()
         assert max(run.ended) < stalled_at + HANG_S, "the streams waited for the stuck engine"
         assert got == want
-        states = {w.info.worker_id: w.state for w in admin(mesh).ListWorkers(_list_request(), timeout=5).workers}
+        states = {w.info.worker_id: w.state for w in admin(mesh).ListWorkers(admin_pb2.ListWorkersRequest(), timeout=5).workers}
         print(f"\nall streams ended {max(run.ended) - stalled_at:.2f}s after the stall; states {states}")
         wait_idle(mesh, timeout=HANG_S + 15)
     finally:
@@ -201,15 +202,3 @@ class _stopped:  # noqa: N801 - used as a with-statement, like contextlib's
         if kind is None:
             time.sleep(max(0.0, self.at + HANG_S - time.monotonic()))
         os.kill(self.proc.popen.pid, signal.SIGCONT)
-
-
-def _stats_request():  # type: ignore[no-untyped-def]
-    from pdmesh.v1 import admin_pb2
-
-    return admin_pb2.RouterStatsRequest()
-
-
-def _list_request():  # type: ignore[no-untyped-def]
-    from pdmesh.v1 import admin_pb2
-
-    return admin_pb2.ListWorkersRequest()

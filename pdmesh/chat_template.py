@@ -68,7 +68,8 @@ class ChatTemplate:
         self._specials = {name: text for name in SPECIAL_TOKENS if (text := token_text(config.get(name)))}
         self._compiled: Any = None
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
         import jinja2
 
         if self.source is None:
@@ -81,9 +82,9 @@ class ChatTemplate:
             except jinja2.TemplateSyntaxError as e:
                 raise UnsupportedModelError(f"the model's chat template does not compile: {e}") from e
         try:
-            # tools and documents are passed, as None, as transformers passes them: a template
-            # may test ``tools is defined`` and must take the same branch here.
-            return self._compiled.render(messages=messages, tools=None, documents=None,
+            # tools and documents are passed (None when absent) as transformers passes them: a
+            # template may test ``tools is defined`` and must take the same branch here.
+            return self._compiled.render(messages=messages, tools=tools or None, documents=None,
                                          add_generation_prompt=add_generation_prompt, **self._specials)
         except jinja2.TemplateError as e:  # raise_exception, or a message the template cannot read
             raise InvalidRequestError("messages", f"the model's chat template refused them: {e}") from e

@@ -117,6 +117,9 @@ class Sequence:
     """``(token_ids, the same as a tensor, its last token)``, the tensor extended as
     tokens are appended (``token_tensor`` in ``pdmesh/engine/sampler.py``: penalties read
     every token each step)."""
+    grammar: Any = None
+    """Its place in its structured output's grammar (``TokenGrammar``), made when it first
+    samples under one."""
 
     def set_finished(self, status: SeqStatus) -> None:
         self.status = status

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pdmesh.config import MAX_SPECULATIVE_TOKENS
 from pdmesh.errors import InvalidRequestError
+from pdmesh.structured.spec import StructuredOutput
 
 OutputKind = Literal["cumulative", "delta", "final_only"]
 _MAX_LOGPROBS = 20
@@ -76,6 +77,9 @@ class SamplingParams:
     num_speculative_tokens: int | None = None
     """Speculative decoding: drafts per step for this request, capped by the engine's
     ``num_speculative_tokens``; 0 turns it off for this request; None uses the engine's."""
+    structured_output: StructuredOutput | None = None
+    """What the output must match (a JSON schema, JSON, a regex, a choice, a grammar): tokens
+    it forbids are never sampled (``pdmesh/structured``)."""
 
     def __post_init__(self) -> None:
         # Frozen: normalise sequences through object.__setattr__.
@@ -85,6 +89,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        if isinstance(self.structured_output, Mapping):
+            object.__setattr__(self, "structured_output", StructuredOutput.from_dict(self.structured_output))
         self._validate()
 
     def _validate(self) -> None:
@@ -139,6 +145,8 @@ class SamplingParams:
         _int_range("priority", self.priority, -(2**31), 2**31 - 1)
         if self.num_speculative_tokens is not None:
             _int_range("num_speculative_tokens", self.num_speculative_tokens, 0, MAX_SPECULATIVE_TOKENS)
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            raise InvalidRequestError("structured_output", "must be a StructuredOutput")
 
     @property
     def greedy(self) -> bool:

@@ -44,6 +44,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def json_text(self) -> str:
+        """The whole tokenizer as ``tokenizer.json`` holds it (what llguidance reads)."""
+        return self._tok.to_str()
+
     def vocab_strings(self) -> list[str]:
         """Every token's string form (byte-level tokens as their escaped characters)."""
         return list(self._tok.get_vocab(with_added_tokens=True))
@@ -55,7 +59,9 @@ class Tokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Render ``messages`` with the folder's chat template, as ``transformers`` would."""
-        return self._chat.render(messages, add_generation_prompt)
+        """Render ``messages`` (and the ``tools`` the model may call) with the folder's chat
+        template, as ``transformers`` would."""
+        return self._chat.render(messages, add_generation_prompt, tools)

@@ -50,6 +50,8 @@ def _bench(name: str):  # type: ignore[no-untyped-def]
             from pdmesh.bench.spec import run_spec_bench as bench
         elif name == "stalls":
             from pdmesh.bench.stalls import run_stalls as bench
+        elif name == "structured":
+            from pdmesh.bench.structured import run_structured_bench as bench
         elif name == "route-sim":
             from pdmesh.bench.routing.sim_command import run_route_sim as bench
         elif name == "route-mesh":
@@ -186,6 +188,12 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
 
     add_stalls(bstall)
     bstall.set_defaults(func=_bench("stalls"))
+    bstruct = bsub.add_parser("structured", help="32 concurrent requests with 0/50/100%% under a JSON schema "
+                              "against the same load unconstrained: tok/s and TPOT")
+    from pdmesh.bench.structured import add_arguments as add_structured
+
+    add_structured(bstruct)
+    bstruct.set_defaults(func=_bench("structured"))
     btr = bsub.add_parser("tracing", help="per-request cost of tracing, off and on")
     btr.add_argument("--requests", type=int, default=5000, help="requests to time (default: 5000)")
     btr.add_argument("--out", default="bench-results/tracing.json", help="JSON report (default: %(default)s)")

@@ -30,6 +30,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench spec": (f"pdmesh bench spec --model {M} --batches 1,4",),
     "bench tracing": ("pdmesh bench tracing --requests 2000",),
     "bench stalls": (f"pdmesh bench stalls --model {M} --cases decode,prefill",),
+    "bench structured": (f"pdmesh bench structured --model {M}",),
 }
 
 

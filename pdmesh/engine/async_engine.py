@@ -71,12 +71,21 @@ class AsyncLLMEngine:
             params = SamplingParams.from_dict(dict(params or {"output_kind": "delta"}))
         rid = request_id or f"async-{next(self._ids)}"
         checked = params
+        await self.prepare(checked)
 
         def start() -> None:
             self.engine.add_request(rid, prompt, checked, hold_kv=hold_kv, resume=resume)
 
         async for out in self.stream(rid, start):
             yield out
+
+    async def prepare(self, params: SamplingParams) -> None:
+        """Compile the request's grammar (structured output) in an executor thread before
+        the request reaches the engine, whose step thread then only copies it; raises
+        ``InvalidRequestError`` when it does not compile."""
+        if params.structured_output is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.engine.grammars.compile, params.structured_output)
 
     async def stream(self, rid: str, start: Callable[[], None]) -> AsyncIterator[RequestOutput]:
         """Run ``start`` (it must put ``rid`` in the engine), then stream ``rid``'s outputs.

@@ -44,6 +44,7 @@ from pdmesh.model.config import ModelConfig
 from pdmesh.model.loader import load_model
 from pdmesh.request import RequestMetrics, RequestOutput, SeqStatus, Sequence
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.structured.grammars import Grammars
 from pdmesh.tokenizer import Tokenizer
 
 
@@ -77,11 +78,10 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)  # probed: back to the engine's own
         self.admission = Admission(self.tokenizer, cfg.vocab_size, self.max_model_len,
                                    num_blocks, cc.block_size)
-        eos = cfg.eos_token_ids or (
-            (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ()
-        )
+        eos = cfg.end_ids(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self.sampler = Sampler(tuple(eos))
+        self.grammars = Grammars(self.tokenizer.json_text(), cfg.vocab_size, eos)
+        self.sampler = Sampler(tuple(eos), self.grammars)
         self.speculator = build_speculator(config, cfg.vocab_size, num_blocks, self.max_model_len)
         self._requests: dict[str, RequestState] = {}
         self._to_render: dict[str, RequestState] = {}
@@ -143,6 +143,8 @@ class LLMEngine:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
         text, token_ids = self.admission.prompt_ids(prompt)
         self.admission.check_fits(token_ids, params)
+        if params.structured_output is not None:  # a cache hit where AsyncLLMEngine.prepare ran
+            self.grammars.compile(params.structured_output)
         now = arrival_time if arrival_time is not None else time.monotonic()
         state = RequestState(request_id, text, token_ids, params, RequestMetrics(now))
         first = state.new_sequence(self.tokenizer, self.config.device, list(token_ids))

@@ -2,8 +2,8 @@
 
 Order of operations (each step runs only when some row asks for it):
   raw log-softmax for logprobs → repetition / presence / frequency penalties → min_tokens
-  (stop tokens masked) → greedy rows take the argmax; sampling rows are divided by their
-  temperature, filtered by top-k, top-p and min-p, and drawn by inverting their cumulative
+  (stop tokens masked) → the structured output's grammar (forbidden tokens masked) →
+  greedy rows take the argmax; sampling rows are divided by their temperature, filtered by top-k, top-p and min-p, and drawn by inverting their cumulative
   distribution at one uniform number per row (``draw``). A seeded row draws that number
   from its own generator, so its tokens do not depend on what else shares the batch.
 
@@ -22,6 +22,8 @@ import torch
 from pdmesh.engine.nucleus import filter_logits
 from pdmesh.request import Sequence, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.structured.grammars import Grammars
+from pdmesh.structured.mask import apply_grammar_masks
 
 
 class SamplingRow(Protocol):
@@ -79,8 +81,9 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: Seq[int]) -> None:
+    def __init__(self, eos_token_ids: Seq[int], grammars: Grammars | None = None) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
+        self.grammars = grammars
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: Seq[SamplingRow]) -> SamplerOutput:
@@ -90,12 +93,14 @@ class Sampler:
         return SamplerOutput(token_list, self.logprobs_of(raw_logprobs, token_list, seqs))
 
     def process(self, logits: torch.Tensor, rows: Seq[SamplingRow]) -> torch.Tensor | None:
-        """Apply penalties and ``min_tokens`` in place; returns the raw log-softmax when a
-        row asks for logprobs (None otherwise)."""
+        """Apply penalties, ``min_tokens`` and structured outputs' grammars in place;
+        returns the raw log-softmax when a row asks for logprobs (None otherwise)."""
         want = any(r.params.logprobs is not None for r in rows)
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want else None
         self._apply_penalties(logits, rows)
         self._apply_min_tokens(logits, rows)
+        if self.grammars is not None:
+            apply_grammar_masks(logits, rows, self.grammars)
         return raw_logprobs
 
     @staticmethod

@@ -86,6 +86,10 @@ class ModelConfig:
     clip_qkv: float | None = None
     """q, k and v are clamped to [-clip_qkv, clip_qkv] after their projection (OLMoE)."""
 
+    def end_ids(self, tokenizer_eos: int | None) -> tuple[int, ...]:
+        """The tokens that end a sequence: the config's EOS ids, else the tokenizer's."""
+        return self.eos_token_ids or ((tokenizer_eos,) if tokenizer_eos is not None else ())
+
     def context_limit(self, requested: int | None) -> int:
         """The context to serve: ``requested`` (None or 0: the model's own), capped at the
         model's positions. pdmesh attends over the whole context, so a sliding-window model

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pdmesh.errors import InvalidRequestError
 from pdmesh.mesh_types import KvDestination, WorkerInfo
 from pdmesh.request import CompletionOutput, RequestOutput, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.structured.spec import StructuredOutput
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 
 _OPTIONAL_FIELDS = (
@@ -36,6 +38,8 @@ def sampling_from_proto(msg: common_pb2.SamplingParams, **overrides: Any) -> Sam
         options["stop"] = tuple(msg.stop)
     if msg.stop_token_ids:
         options["stop_token_ids"] = tuple(msg.stop_token_ids)
+    if msg.HasField("structured_output"):
+        options["structured_output"] = structured_from_proto(msg.structured_output)
     options.update(overrides)
     return SamplingParams.from_dict(options)
 
@@ -58,7 +62,27 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         msg.logprobs = params.logprobs
     if params.num_speculative_tokens is not None:
         msg.num_speculative_tokens = params.num_speculative_tokens
+    if params.structured_output is not None:
+        msg.structured_output.CopyFrom(structured_to_proto(params.structured_output))
     return msg
+
+
+def structured_from_proto(msg: common_pb2.StructuredOutput) -> StructuredOutput:
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise InvalidRequestError("structured_output", "set one of json_schema, json_object, regex, choice "
+                                  "and grammar (or leave structured_output unset)")
+    if kind == "json_object" and not msg.json_object:
+        raise InvalidRequestError("structured_output.json_object", "must be true when set")
+    if kind == "choice":
+        return StructuredOutput(choice=tuple(msg.choice.choices))
+    return StructuredOutput(**{kind: getattr(msg, kind)})
+
+
+def structured_to_proto(spec: StructuredOutput) -> common_pb2.StructuredOutput:
+    if spec.choice is not None:
+        return common_pb2.StructuredOutput(choice=common_pb2.Choices(choices=list(spec.choice)))
+    return common_pb2.StructuredOutput(**{spec.kind: getattr(spec, spec.kind)})
 
 
 _ROLES = {

@@ -59,6 +59,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         core = self.core
         rid = request.request_id
         params = self._params(request)
+        await core.aeng.prepare(params)
         ids = list(request.prompt_token_ids)
         span = tracing.start_span("decode.reserve", tracing.incoming(context), request_id=rid,
                                   prompt_tokens=len(ids))
@@ -142,6 +143,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def GenerateLocal(self, request: worker_pb2.ReserveRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
         params = self._params(request)
+        await self.core.aeng.prepare(params)
         span = tracing.start_span("decode.local", tracing.incoming(context), request_id=request.request_id,
                                   prompt_tokens=len(request.prompt_token_ids))
         resume = None

@@ -120,6 +120,12 @@ class RouterConfig(MeshContract, ServerConfig):
     http_port: int = -1
     """OpenAI-compatible HTTP API on this port: -1 off, 0 any free port (written to
     {port_file}.http)."""
+    tool_call_parser: Literal["", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml"] = ""
+    """How tool calls are read from the model's text when a chat request's tool_choice is
+    auto (vLLM's parser names; pick the one the model was trained on): hermes (Qwen 2.5,
+    Hermes: <tool_call>{json}</tool_call>), llama3_json (Llama 3.1+: a JSON object),
+    mistral ([TOOL_CALLS][...]), pythonic (Llama 3.2/4: [f(x=1)]), qwen3_xml (Qwen3-Coder).
+    Empty: tool_choice auto is refused (required and named calls need no parser)."""
     access_log: bool = False
     """Log one line per finished request on either front (logger pdmesh.access): its id, how
     it ended, prompt / cached / completion tokens, TTFT, total time, its prefill and decode

@@ -24,6 +24,7 @@ from pdmesh.model.source import display_name
 from pdmesh.rpc.feed_sink import Feeds
 from pdmesh.rpc.status import for_client
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.structured.grammars import Grammars
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
@@ -64,6 +65,10 @@ class RouterCore:
         self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.vocab_strings())
         """An upper bound on the bytes of text one token covers (for the cheap size check)."""
         self._tokenizer_pool = ThreadPoolExecutor(2, thread_name_prefix="pdmesh-tokenize")
+        self.grammars = Grammars(self.tokenizer.json_text(), self.model_config.vocab_size,
+                                 self.model_config.end_ids(self.tokenizer.eos_token_id))
+        """Structured outputs compiled here first, so one that does not compile is refused
+        before any worker is chosen (the workers compile their own copy)."""
         self.prefill_router = PrefillRouter(build_policy(cfg.prefill_policy, cfg), index, cfg.block_size)
         self.decode_policy = build_policy(cfg.decode_policy, cfg)
         self.decode_recent = RecentRoutes(ttl_s=cfg.decode_memory_s)
@@ -108,12 +113,14 @@ class RouterCore:
             return await self.tokenize(prompt, add_special_tokens)
         return self.prompt_ids(prompt)
 
-    async def chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """A conversation rendered with the model's chat template and tokenized without
-        added specials (the template writes BOS itself): the prompt of a chat on either front."""
+    async def chat_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                       tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A conversation rendered with the model's chat template (and the tools it may
+        call) and tokenized without added specials (the template writes BOS itself): the
+        prompt of a chat on either front."""
         if not messages:
             raise InvalidRequestError("messages", "must contain at least one message")
-        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+        rendered = self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools)
         return await self.tokenize(rendered, add_special_tokens=False)
 
     def prompt_ids(self, prompt: str | list[int], add_special_tokens: bool = True) -> list[int]:
@@ -147,6 +154,7 @@ class RouterCore:
                                       f"got {len(request_id)}")
         if request_id in self.flows:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
+        await self.check_structured(params)
         n, one = params.n, params.replace(n=1)
         flows = [
             RequestFlow(self, request_id if n == 1 else f"{request_id}#{i}", ids,
@@ -163,6 +171,13 @@ class RouterCore:
             raise for_client(exc) from exc
         finally:
             self.flows.pop(request_id, None)
+
+    async def check_structured(self, params: SamplingParams) -> None:
+        """Compile the request's structured output (off the event loop; cached), so one
+        that does not compile is an ``InvalidRequestError`` before any worker is chosen."""
+        if params.structured_output is not None:
+            await asyncio.get_running_loop().run_in_executor(
+                self._tokenizer_pool, self.grammars.compile, params.structured_output)
 
     # -- routing ----------------------------------------------------------------------
     def prompt_hashes(self, ids: list[int], params: SamplingParams) -> list[BlockHash]:

@@ -75,7 +75,7 @@ def shared_spec(model: Path, log_dir: Path) -> MeshSpec:
     for a while. Lending has its own tests."""
     return MeshSpec(model=str(model), prefill=2, decode=1, kvstore=1, worker_args=WORKER_ARGS, http_port=0,
                     prefill_args=["--max-num-batched-tokens", "64"], share_cores=False,
-                    router_args=["--info-interval-s", "0.2"], log_dir=str(log_dir))
+                    router_args=["--info-interval-s", "0.2", "--tool-call-parser", "hermes"], log_dir=str(log_dir))
 
 
 def start_process(tmp_path: Path, name: str, args: list[str], env: dict[str, str] | None = None,

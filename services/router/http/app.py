@@ -20,8 +20,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdmesh.errors import InvalidRequestError, PdmeshError
+from pdmesh.structured.spec import StructuredOutput
 from services.router.core import RouterCore
-from services.router.http import convert
+from services.router.http import convert, structured
 from services.router.http.errors import HTTPError, error_response, status_of
 from services.router.http.generation import Generation, Kind
 from services.router.http.schemas import (
@@ -30,6 +31,8 @@ from services.router.http.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from services.router.tools.calls import ToolPlan
+from services.router.tools.calls import plan as plan_tools
 
 
 def _validation_error(exc: RequestValidationError) -> HTTPError:
@@ -107,7 +110,11 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
 
 
 def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
-    async def run(gen: Generation, stream: bool) -> Response:
+    async def run(gen: Generation, stream: bool, source: str) -> Response:
+        try:  # compiled here first, so a bad schema is refused with the field the body used
+            await core.check_structured(gen.params)
+        except InvalidRequestError as exc:
+            raise structured.renamed(exc, source) from None
         items = gen.stream()
         try:  # the first token (or the first error) before any status goes out
             first = await anext(items, None)
@@ -120,10 +127,12 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
 
     def generation(kind: Kind, req: CompletionRequest | ChatCompletionRequest,
                    prompts: list[tuple[str | None, list[int]]], max_tokens: int | None,
-                   logprobs: int | None) -> Generation:
+                   logprobs: int | None, spec: StructuredOutput | None, tools: ToolPlan | None = None
+                   ) -> Generation:
         limit = core.model_config.max_position_embeddings
         longest = max(len(ids) for _, ids in prompts)
-        params = convert.sampling(req, max_tokens or max(1, limit - longest), logprobs)
+        params = convert.sampling(req, max_tokens or max(1, limit - longest), logprobs, spec,
+                                  keep_special_tokens=tools is not None and tools.keeps_special_tokens)
         for _, ids in prompts:
             core.check_length(ids, params)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -131,7 +140,7 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
                           req.model or core.listed_names[0], prompts,
                           params, echo=getattr(req, "echo", False),
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                          return_token_ids=req.return_token_ids)
+                          return_token_ids=req.return_token_ids, tools=tools)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> Response:
@@ -139,17 +148,27 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
         if req.echo and req.logprobs is not None:
             raise HTTPError(400, "echo with logprobs needs prompt logprobs, which pdmesh does not "
                             "compute; drop one of them", "echo")
+        spec, source = structured.requested(req)
         prompts = await convert.completion_prompts(core, req)
-        return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs),
-                         req.stream)
+        return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs, spec),
+                         req.stream, source)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest) -> Response:
         convert.check_model(core, req.model)
-        ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt)
+        spec, source = structured.requested(req)
+        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, core.cfg.tool_call_parser)
+        if tools is not None and tools.structured is not None:
+            if spec is not None:
+                raise InvalidRequestError(source, f"tool_choice {req.tool_choice!r} already fixes the output's "
+                                          f"shape; leave {source} unset")
+            spec, source = tools.structured, tools.source
+        ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt,
+                                        tools.tools if tools is not None else None)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs)
-        return await run(gen, req.stream)
+        gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs,
+                         spec, tools)
+        return await run(gen, req.stream, source)
 
 
 def _add_utility_routes(app: FastAPI, core: RouterCore) -> None:

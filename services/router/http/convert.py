@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.sampling_params import SamplingParams
+from pdmesh.structured.spec import StructuredOutput
 from services.router.core import RouterCore
 from services.router.http.errors import HTTPError
 from services.router.http.schemas import (
@@ -20,9 +22,14 @@ _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalt
            "num_speculative_tokens", "skip_special_tokens")
 
 
-def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
+def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None,
+             structured_output: StructuredOutput | None = None, keep_special_tokens: bool = False
              ) -> SamplingParams:
     options: dict[str, Any] = {k: getattr(req, k) for k in _PASSED if getattr(req, k) is not None}
+    if structured_output is not None:
+        options["structured_output"] = structured_output
+    if keep_special_tokens:  # a tool-call parser reads a marker that is a special token
+        options["skip_special_tokens"] = False
     if req.stop is not None:
         options["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
     if req.stop_token_ids:
@@ -74,6 +81,30 @@ def _text(message: ChatMessage) -> str:
     return "".join(parts)
 
 
-async def chat_prompt(core: RouterCore, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+def _message(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it (``transformers``' convention): a tool call's
+    arguments as an object, not the JSON text the API carries."""
+    out: dict[str, Any] = {"role": m.role, "content": _text(m)}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": _loaded(c.function.arguments)}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _loaded(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+async def chat_prompt(core: RouterCore, messages: list[ChatMessage], add_generation_prompt: bool,
+                      tools: list[dict[str, Any]] | None = None) -> list[int]:
     """The HTTP body's messages as the router's chat prompt (``RouterCore.chat_ids``)."""
-    return await core.chat_ids([{"role": m.role, "content": _text(m)} for m in messages], add_generation_prompt)
+    return await core.chat_ids([_message(m) for m in messages], add_generation_prompt, tools)

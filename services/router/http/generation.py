@@ -21,6 +21,7 @@ from services.router.core import RouterCore
 from services.router.http import render
 from services.router.http.errors import error_body, status_of
 from services.router.streams import merge
+from services.router.tools.calls import CallStream, ToolPlan
 
 Kind = Literal["completion", "chat"]
 
@@ -37,8 +38,16 @@ class Generation:
     echo: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    tools: ToolPlan | None = None
+    """A chat's tools: each choice's text is read into content and tool calls."""
     created: int = field(default_factory=lambda: int(time.time()))
     usage: render.Usage = field(default_factory=render.Usage)
+    _calls: dict[int, CallStream] = field(default_factory=dict)
+
+    def _call_stream(self, index: int) -> CallStream | None:
+        if self.tools is None:
+            return None
+        return self._calls.setdefault(index, CallStream(self.tools))
 
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = sum(len(ids) for _, ids in self.prompts)
@@ -89,6 +98,14 @@ class Generation:
                                "stop_reason": c.stop_reason}
         if self.kind == "chat":
             out["message"] = {"role": "assistant", "content": text}
+            calls = self._call_stream(c.index)
+            if calls is not None:
+                content, _ = calls.feed(text)
+                rest, _ = calls.finish()
+                out["message"] = {"role": "assistant", "content": (content + rest) or None}
+                if calls.calls:
+                    out["message"]["tool_calls"] = calls.calls
+                    out["finish_reason"] = _finish_with_calls(c.finish_reason)
         else:
             prompt_text = self.prompts[c.index // self.params.n][0] if self.echo else None
             out["text"] = (prompt_text or "") + text
@@ -105,6 +122,14 @@ class Generation:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         started: set[int] = set()
         offsets: dict[int, int] = {}
+        if self.kind == "chat":
+            # Every choice's role first, in index order, as OpenAI's server sends them: the
+            # SDK's stream helper builds its snapshot from them and fails on a choice whose
+            # index it has not seen in order.
+            for index in range(len(self.prompts) * self.params.n):
+                started.add(index)
+                for chunk in self._opening(index):
+                    yield render.sse(self._head(obj) | {"choices": [chunk]})
         try:
             items = [first] if first is not None else []
             async for index, resp in _achain(items, rest):
@@ -148,11 +173,26 @@ class Generation:
             chunk["stop_reason"] = resp.stop_reason or None
         if self.kind == "chat":
             chunk["delta"] = {"content": resp.text} if resp.text or not finish else {}
+            calls = self._call_stream(index)
+            if calls is not None:
+                content, deltas = calls.feed(resp.text)
+                if finish:
+                    rest, more = calls.finish()
+                    content, deltas = content + rest, deltas + more
+                    if calls.calls:
+                        chunk["finish_reason"] = _finish_with_calls(finish)
+                chunk["delta"] = ({"content": content} if content else {}) | (
+                    {"tool_calls": deltas} if deltas else {})
         else:
             chunk["text"] = resp.text
         if self.return_token_ids:
             chunk["token_ids"] = list(resp.token_ids)
         return chunk
+
+
+def _finish_with_calls(reason: str | None) -> str | None:
+    """A choice that made calls and stopped by itself ended to call them."""
+    return "tool_calls" if reason == "stop" else reason
 
 
 async def _achain(items: list[tuple[int, Any]], rest: AsyncIterator[tuple[int, Any]]

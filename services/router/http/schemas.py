@@ -53,11 +53,8 @@ class _Body(BaseModel):
 _UNSUPPORTED = {
     "logit_bias": "per-token logit biases",
     "best_of": "best-of-n selection (ask for n completions instead)",
-    "response_format": "structured output (JSON mode or a JSON schema)",
-    "tools": "tool calling", "tool_choice": "tool calling",
-    "functions": "function calling", "function_call": "function calling",
-    "guided_json": "guided decoding", "guided_regex": "guided decoding", "guided_choice": "guided decoding",
-    "guided_grammar": "guided decoding", "structured_outputs": "guided decoding",
+    "functions": "the legacy function calling (send tools instead)",
+    "function_call": "the legacy function calling (send tools and tool_choice instead)",
     "prompt_logprobs": "prompt logprobs",
     "truncate_prompt_tokens": "prompt truncation (send a shorter prompt)",
     "logits_processors": "custom logits processors",
@@ -70,13 +67,13 @@ tokens), so a value that asks for the feature is a 400 naming the field."""
 
 def _asks_for(name: str, value: Any, data: dict[str, Any]) -> bool:
     """Whether ``value`` turns the feature on: unset, empty and the API's own "off"
-    values (``response_format`` text, ``tool_choice`` none, ``best_of`` equal to n) do not."""
+    values (``function_call`` none, ``best_of`` equal to n) do not."""
     if value is None or value == {} or value == [] or value is False:
         return False
     if name == "response_format":
         return not (isinstance(value, dict) and value.get("type") == "text")
-    if name in ("tool_choice", "function_call"):
-        return value not in ("none", "auto")  # auto without tools picks none
+    if name == "function_call":
+        return value not in ("none", "auto")  # auto without functions picks none
     if name == "best_of":
         return value != data.get("n", 1)
     return True
@@ -128,6 +125,14 @@ class _Sampling(_Body):
     cache_salt: str | None = None
     return_token_ids: bool = False
     request_id: str | None = None
+    # Structured outputs: OpenAI's response_format (chat), vLLM's structured_outputs and its
+    # older guided_* fields; at most one of them (services/router/http/structured.py).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -137,11 +142,48 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str
+    """JSON text, as the API sends it (a template receives it parsed)."""
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
+    """An assistant turn's calls (sent back with their results in the next request)."""
+    tool_call_id: str | None = None
+    """A tool message: which call this is the result of."""
+    name: str | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionDef
 
 
 class ChatCompletionRequest(_Sampling):
@@ -150,6 +192,10 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """"none", "auto", "required" or ``{"type": "function", "function": {"name": ...}}``."""
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(_Body):

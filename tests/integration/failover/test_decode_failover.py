@@ -4,6 +4,7 @@ left anywhere."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.tokenizer import Tokenizer
 from pdmesh.v1 import admin_pb2, admin_pb2_grpc
 from tests.integration.mesh_tools import info, wait_idle
 from tests.oracle import mixed_prompts
@@ -38,11 +40,20 @@ def mesh(request: pytest.FixtureRequest, model_dirs: dict[str, Path],
         yield m
 
 
+LONG_JSON = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 60,
+             "maxItems": 60}
+"""A structured output as long as the other streams (~120 tokens), so the kill finds it
+mid-way too: the worker it moves to rebuilds the grammar's state from the tokens so far."""
+
+
 def _requests() -> list[tuple[list[int], dict[str, object]]]:
     prompts = mixed_prompts(24, seed=71)
-    greedy = [(p, {"temperature": 0}) for p in prompts[:16]]
-    seeded = [(p, {"temperature": 0.8, "top_p": 0.95, "seed": 100 + i}) for i, p in enumerate(prompts[16:])]
-    return greedy + seeded
+    greedy = [(p, {"temperature": 0}) for p in prompts[:14]]
+    seeded = [(p, {"temperature": 0.8, "top_p": 0.95, "seed": 100 + i}) for i, p in enumerate(prompts[14:20])]
+    constrained = [(p, {"temperature": 0.8 * (i % 2), "seed": 200 + i, "ignore_eos": False,
+                        "structured_output": {"json_schema": json.dumps(LONG_JSON)}})
+                   for i, p in enumerate(prompts[20:])]
+    return greedy + seeded + constrained
 
 
 def _run_all(address: str, on_token=None, gaps: list[float] | None = None) -> list[list[int]]:  # type: ignore[no-untyped-def]
@@ -51,7 +62,7 @@ def _run_all(address: str, on_token=None, gaps: list[float] | None = None) -> li
         tokens: list[int] = []
         worst, last = 0.0, None
         with Client(address, timeout=120) as c:
-            for resp in c.generate(prompt, max_tokens=MAX_NEW, ignore_eos=True, **sampling):
+            for resp in c.generate(prompt, max_tokens=MAX_NEW, **{"ignore_eos": True, **sampling}):
                 tokens += resp.token_ids
                 now = time.monotonic()
                 worst, last = (max(worst, now - last) if last else 0.0), now
@@ -90,7 +101,10 @@ def test_a_conversation_stays_on_the_decode_worker_that_holds_it(mesh: Mesh) -> 
 
 def test_killing_a_decode_worker_mid_stream_loses_no_token(mesh: Mesh) -> None:
     want = _run_all(mesh.router_address)
-    assert all(len(t) == MAX_NEW for t in want)
+    assert all(len(t) == MAX_NEW for t in want[:20])
+    tokenizer = Tokenizer(mesh.spec.model)
+    for tokens in want[20:]:
+        assert len(json.loads(tokenizer.decode(tokens))) == 60 and len(tokens) > 100
 
     streamed = [0]  # tokens, all streams together
     next_check = [24 * 8]

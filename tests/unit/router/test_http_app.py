@@ -150,11 +150,7 @@ def test_features_pdmesh_lacks_are_refused_not_ignored(llama_dir: Path) -> None:
     refused = [
         ("/v1/completions", {"model": m, "prompt": "hi", "logit_bias": {"5": 100}}, "logit_bias"),
         ("/v1/completions", {"model": m, "prompt": "hi", "best_of": 3}, "best_of"),
-        ("/v1/chat/completions", {"model": m, "messages": hi, "response_format": {"type": "json_object"}},
-         "response_format"),
-        ("/v1/chat/completions", {"model": m, "messages": hi, "tools": [{"type": "function"}]}, "tools"),
-        ("/v1/chat/completions", {"model": m, "messages": hi, "tool_choice": "required"}, "tool_choice"),
-        ("/v1/completions", {"model": m, "prompt": "hi", "guided_regex": "a+"}, "guided_regex"),
+        ("/v1/chat/completions", {"model": m, "messages": hi, "functions": [{"name": "f"}]}, "functions"),
         ("/v1/completions", {"model": m, "prompt": "hi", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ]
     off = [
@@ -168,6 +164,52 @@ def test_features_pdmesh_lacks_are_refused_not_ignored(llama_dir: Path) -> None:
         assert "not supported by pdmesh" in payload["error"]["message"]
     for (_, body), (status, payload, _) in zip(off, results[len(refused):]):
         assert status == 503, (body, payload)  # accepted; no worker to run it here
+
+
+def test_bad_structured_outputs_and_tools_are_400s_naming_the_field(llama_dir: Path) -> None:
+    """Refused before any worker is chosen (the router compiles the grammar first); the
+    valid ones reach the 503 of a mesh without workers."""
+    m, hi = str(llama_dir), [{"role": "user", "content": "hi"}]
+    weather = {"type": "function", "function": {"name": "w", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    bad_params = {"type": "function", "function": {"name": "b", "parameters": {"type": "strin"}}}
+    chat = "/v1/chat/completions"
+    refused = [
+        (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+         "response_format.json_schema.schema"),
+        (chat, {"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (chat, {"response_format": {"type": "yaml"}}, "response_format.type"),
+        ("/v1/completions", {"guided_regex": "[0-9"}, "guided_regex"),
+        ("/v1/completions", {"guided_choice": []}, "guided_choice"),
+        (chat, {"structured_outputs": {"grammar": "start: undefined_rule"}}, "structured_outputs.grammar"),
+        (chat, {"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        (chat, {"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+        (chat, {"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+        (chat, {"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools.0.function.name"),
+        (chat, {"tools": [weather], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+         "tool_choice.function.name"),
+        (chat, {"tool_choice": "required"}, "tool_choice"),
+        (chat, {"tools": [weather, bad_params], "tool_choice": {"type": "function", "function": {"name": "b"}}},
+         "tools[1].function.parameters"),
+        (chat, {"tools": [weather]}, "tool_choice"),  # auto, and this router has no --tool-call-parser
+        (chat, {"tools": [weather], "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "response_format"),
+    ]
+    accepted = [
+        (chat, {"response_format": {"type": "json_object"}}),
+        (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                                           "schema": {"type": "object"}}}}),
+        ("/v1/completions", {"guided_choice": ["a", "b"]}),
+        (chat, {"tools": [weather], "tool_choice": "required"}),
+        (chat, {"tools": [weather], "tool_choice": "none"}),
+    ]
+    def body(path: str, extra: dict[str, Any]) -> dict[str, Any]:
+        return {"model": m, **({"messages": hi} if path == chat else {"prompt": "hi"}), **extra}
+    results = run(llama_dir, [("POST", path, body(path, extra), {}) for path, extra, *_ in refused + accepted])
+    for (_, extra, param), (status, payload, _) in zip(refused, results):
+        assert status == 400 and payload["error"]["param"] == param, (extra, payload)
+    for (_, extra), (status, payload, _) in zip(accepted, results[len(refused):]):
+        assert status == 503, (extra, payload)
 
 
 def test_the_frameworks_own_refusals_have_openais_shape(llama_dir: Path) -> None:

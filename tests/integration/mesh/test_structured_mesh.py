@@ -1,0 +1,165 @@
+"""Structured outputs and tool calls through the mesh, as the ``openai`` SDK sends them: the
+prefill worker samples the first token under the grammar, the decode worker goes on from
+it; every output validates whatever the (random) weights, streamed or not, with n = 3."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Literal
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from pdmesh.client import Client
+from pdmesh.launcher import Mesh
+from tests.integration.mesh_tools import wait_idle
+
+
+class Part(BaseModel):
+    kind: Literal["bolt", "nut", "gear"]
+    count: int = Field(ge=1, le=50)
+
+
+class Order(BaseModel):
+    customer: str = Field(max_length=12)
+    rush: bool
+    parts: list[Part] = Field(min_length=1, max_length=3)
+
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+        "status": {"type": "string", "enum": ["open", "closed", "held"]},
+        "labels": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 2, "maxItems": 4},
+        "owner": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                                   "team": {"type": "string", "enum": ["a", "b"]}},
+                  "required": ["name", "team"], "additionalProperties": False},
+    },
+    "required": ["id", "status", "labels", "owner"],
+    "additionalProperties": False,
+}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+             "required": ["tz"], "additionalProperties": False}}}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.fixture()
+def sdk(mesh: Mesh) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=mesh.http_url + "/v1", api_key="unused", timeout=120) as c:
+        yield c
+
+
+def _model(sdk: openai.OpenAI) -> str:
+    return sdk.models.list().data[0].id
+
+
+def _messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"order number {i}: {'bolts ' * (i % 5)}please"}]
+
+
+def test_parse_with_a_pydantic_model_for_20_prompts_streamed_and_not(mesh: Mesh, sdk: openai.OpenAI) -> None:
+    model, parsed = _model(sdk), 0
+    for i in range(20):
+        r = sdk.chat.completions.parse(model=model, messages=_messages(i), response_format=Order, n=3, seed=i,
+                                       temperature=0.9, max_tokens=200)
+        for choice in r.choices:
+            assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Order)
+            parsed += 1
+        with sdk.chat.completions.stream(model=model, messages=_messages(i), response_format=Order, n=3,
+                                         seed=i, temperature=0.9, max_tokens=200) as stream:
+            final = stream.get_final_completion()
+        # The same seed streamed: the same objects.
+        assert [c.message.parsed for c in final.choices] == [c.message.parsed for c in r.choices]
+    assert parsed == 60
+    wait_idle(mesh)
+
+
+def test_json_schema_regex_and_choice_outputs_all_validate(mesh: Mesh, sdk: openai.OpenAI) -> None:
+    model = _model(sdk)
+    fmt = {"type": "json_schema", "json_schema": {"name": "ticket", "schema": NESTED, "strict": True}}
+    for i in range(8):
+        r = sdk.chat.completions.create(model=model, messages=_messages(i), response_format=fmt,  # type: ignore
+                                        n=2, seed=i, temperature=1.0, max_tokens=200)
+        for c in r.choices:
+            jsonschema.validate(json.loads(c.message.content or ""), NESTED)
+        obj = sdk.chat.completions.create(model=model, messages=_messages(i), max_tokens=200, seed=i,
+                                          response_format={"type": "json_object"}, temperature=0)
+        assert obj.choices[0].finish_reason in ("stop", "length")  # free JSON may run to max_tokens
+        regex = sdk.completions.create(model=model, prompt=f"code {i}:", max_tokens=40, seed=i, temperature=1.0,
+                                       extra_body={"structured_outputs": {"regex": r"[A-Z]{3}-[0-9]{4}"}})
+        assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", regex.choices[0].text)
+        choice = sdk.completions.create(model=model, prompt=f"pick {i}:", max_tokens=10, seed=i, temperature=1.0,
+                                        extra_body={"guided_choice": ["alpha", "beta", "gamma ray"]})
+        assert choice.choices[0].text in ("alpha", "beta", "gamma ray")
+    wait_idle(mesh)
+
+
+def test_grpc_front_takes_the_same_constraint(client: Client) -> None:
+    out = client.complete("a ticket:", max_tokens=200, temperature=0.7, seed=3,
+                          structured_output={"json_schema": json.dumps(NESTED)})
+    jsonschema.validate(json.loads(out.text), NESTED)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_and_named_tool_calls_validate_against_the_functions_schema(sdk: openai.OpenAI,
+                                                                             stream: bool) -> None:
+    model = _model(sdk)
+    choices = [("required", False), ({"type": "function", "function": {"name": "get_weather"}}, True)]
+    for i in range(6):
+        for tool_choice, parallel in choices:
+            kwargs = dict(model=model, messages=_messages(i), tools=TOOLS, tool_choice=tool_choice, seed=i,
+                          temperature=1.0, max_tokens=120, parallel_tool_calls=parallel)
+            if stream:
+                with sdk.chat.completions.stream(**kwargs) as s:  # type: ignore[arg-type]
+                    msg = s.get_final_completion().choices[0]
+            else:
+                msg = sdk.chat.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+            assert msg.finish_reason == "tool_calls"
+            calls = msg.message.tool_calls or []
+            assert len(calls) == 1
+            for call in calls:
+                assert call.id.startswith("call_") and call.type == "function"
+                if isinstance(tool_choice, dict):
+                    assert call.function.name == "get_weather"
+                jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_calls_are_read_by_the_routers_parser(sdk: openai.OpenAI, stream: bool) -> None:
+    """The shared mesh's router reads hermes calls. Random weights do not write that format,
+    so a grammar steers the output into it; the parser reads whatever text arrives."""
+    call = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo|Lima)", "days": [1-7]\}\}\n</tool_call>'
+    kwargs = dict(model=_model(sdk), messages=_messages(1), tools=TOOLS, max_tokens=150, temperature=1.0, seed=4,
+                  extra_body={"structured_outputs": {"regex": "Checking[.] " + call + "\n" + call}})
+    if stream:
+        with sdk.chat.completions.stream(**kwargs) as s:  # type: ignore[arg-type]
+            choice = s.get_final_completion().choices[0]
+    else:
+        choice = sdk.chat.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+    assert choice.finish_reason == "tool_calls"
+    assert (choice.message.content or "").strip() == "Checking."
+    calls = choice.message.tool_calls or []
+    assert [c.function.name for c in calls] == ["get_weather", "get_weather"]
+    for c in calls:
+        jsonschema.validate(json.loads(c.function.arguments), WEATHER)
+
+
+def test_a_tool_result_goes_back_through_the_template(sdk: openai.OpenAI) -> None:
+    first = sdk.chat.completions.create(model=_model(sdk), messages=_messages(2), tools=TOOLS, max_tokens=60,
+                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    call = (first.choices[0].message.tool_calls or [])[0]
+    follow = sdk.chat.completions.create(model=_model(sdk), tools=TOOLS, tool_choice="none", max_tokens=8,
+                                         messages=[*_messages(2), first.choices[0].message.model_dump(),  # type: ignore
+                                                   {"role": "tool", "tool_call_id": call.id, "content": "12:00"}])
+    assert follow.choices[0].message.tool_calls is None
+    assert follow.usage is not None and follow.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore

@@ -3,8 +3,9 @@
 Order of operations (each step runs only when some row asks for it):
   raw log-softmax for logprobs → repetition / presence / frequency penalties → min_tokens
   (stop tokens masked) → the structured output's grammar (forbidden tokens masked) →
-  greedy rows take the argmax; sampling rows are divided by their temperature, filtered by top-k, top-p and min-p, and drawn by inverting their cumulative
-  distribution at one uniform number per row (``draw``). A seeded row draws that number
+  greedy rows take the argmax; sampling rows are divided by their temperature, filtered
+  by top-k, top-p and min-p, and drawn by inverting their cumulative distribution at one
+  uniform number per row (``draw``). A seeded row draws that number
   from its own generator, so its tokens do not depend on what else shares the batch.
 
 Logprobs are those of the raw model distribution (before penalties and temperature), the

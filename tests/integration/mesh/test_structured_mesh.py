@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import jsonschema
 import openai
@@ -61,6 +61,14 @@ def sdk(mesh: Mesh) -> Iterator[openai.OpenAI]:
 
 def _model(sdk: openai.OpenAI) -> str:
     return sdk.models.list().data[0].id
+
+
+def _first_choice(sdk: openai.OpenAI, stream: bool, kwargs: dict[str, Any]) -> Any:
+    """The first choice of a chat completion, assembled by the SDK's stream helper or whole."""
+    if stream:
+        with sdk.chat.completions.stream(**kwargs) as s:
+            return s.get_final_completion().choices[0]
+    return sdk.chat.completions.create(**kwargs).choices[0]
 
 
 def _messages(i: int) -> list[dict[str, str]]:
@@ -119,11 +127,7 @@ def test_required_and_named_tool_calls_validate_against_the_functions_schema(sdk
         for tool_choice, parallel in choices:
             kwargs = dict(model=model, messages=_messages(i), tools=TOOLS, tool_choice=tool_choice, seed=i,
                           temperature=1.0, max_tokens=120, parallel_tool_calls=parallel)
-            if stream:
-                with sdk.chat.completions.stream(**kwargs) as s:  # type: ignore[arg-type]
-                    msg = s.get_final_completion().choices[0]
-            else:
-                msg = sdk.chat.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+            msg = _first_choice(sdk, stream, kwargs)
             assert msg.finish_reason == "tool_calls"
             calls = msg.message.tool_calls or []
             assert len(calls) == 1
@@ -141,11 +145,7 @@ def test_auto_tool_calls_are_read_by_the_routers_parser(sdk: openai.OpenAI, stre
     call = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo|Lima)", "days": [1-7]\}\}\n</tool_call>'
     kwargs = dict(model=_model(sdk), messages=_messages(1), tools=TOOLS, max_tokens=150, temperature=1.0, seed=4,
                   extra_body={"structured_outputs": {"regex": "Checking[.] " + call + "\n" + call}})
-    if stream:
-        with sdk.chat.completions.stream(**kwargs) as s:  # type: ignore[arg-type]
-            choice = s.get_final_completion().choices[0]
-    else:
-        choice = sdk.chat.completions.create(**kwargs).choices[0]  # type: ignore[call-overload]
+    choice = _first_choice(sdk, stream, kwargs)
     assert choice.finish_reason == "tool_calls"
     assert (choice.message.content or "").strip() == "Checking."
     calls = choice.message.tool_calls or []

@@ -133,6 +133,9 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
                     choices=("hermes", "llama3_json", "mistral", "pythonic", "qwen3_xml"),
                     help="how the router reads tool calls when a chat's tool_choice is auto, the format the "
                     "model was trained on (default: none; tool_choice auto is refused)")
+    up.add_argument("--reasoning-parser", default=None, choices=("deepseek_r1", "qwen3"),
+                    help="split a reasoning model's <think>...</think> into reasoning_content; structured "
+                    "outputs then hold the answer after it (default: none)")
     up.add_argument("--prefill-policy", default=None, help="prefill routing policy (default: cache_aware)")
     up.add_argument("--decode-policy", default=None,
                     help="decode routing policy: holder | least_loaded | round_robin | pack (default: pack "
@@ -225,7 +228,7 @@ def run_up(args: argparse.Namespace) -> int:
         worker_args=contract + _flags(args, tuple(n for n in _ENGINE_FLAGS if n not in _CONTRACT) + ("threads",)),
         router_args=contract + _flags(args, ("prefill_policy", "decode_policy", "disaggregation",
                                              "local_prefill_tokens", "prefill_busy_requests",
-                                             "prefill_busy_tokens", "api_key", "tool_call_parser"))
+                                             "prefill_busy_tokens", "api_key", "tool_call_parser", "reasoning_parser"))
         + ["--served-model-name", served] + (["--access-log", "true"] if args.access_log else []),
         http_port=None if args.no_http else args.http_port,
         decode_args=_flags(args, ("speculative_config",)),

@@ -75,14 +75,15 @@ def structured_from_proto(msg: common_pb2.StructuredOutput) -> StructuredOutput:
     if kind == "json_object" and not msg.json_object:
         raise InvalidRequestError("structured_output.json_object", "must be true when set")
     if kind == "choice":
-        return StructuredOutput(choice=tuple(msg.choice.choices))
-    return StructuredOutput(**{kind: getattr(msg, kind)})
+        return StructuredOutput(choice=tuple(msg.choice.choices), thinking=msg.thinking)  # type: ignore[arg-type]
+    return StructuredOutput(**{kind: getattr(msg, kind)}, thinking=msg.thinking)
 
 
 def structured_to_proto(spec: StructuredOutput) -> common_pb2.StructuredOutput:
     if spec.choice is not None:
-        return common_pb2.StructuredOutput(choice=common_pb2.Choices(choices=list(spec.choice)))
-    return common_pb2.StructuredOutput(**{spec.kind: getattr(spec, spec.kind)})
+        return common_pb2.StructuredOutput(choice=common_pb2.Choices(choices=list(spec.choice)),
+                                           thinking=spec.thinking)
+    return common_pb2.StructuredOutput(**{spec.kind: getattr(spec, spec.kind)}, thinking=spec.thinking)
 
 
 _ROLES = {

@@ -36,8 +36,33 @@ an object with newlines until ``max_tokens``; fixed separators keep every output
 still parse anywhere."""
 
 
+THINKING = {
+    "required": r"THINK: /(?s:.*)<\/think>/ & ~/(?s:.*<\/think>.+)/",
+    "optional": r"THINK: /<think>(?s:.*)<\/think>/ & ~/(?s:.*<\/think>.+)/",
+}
+"""A reasoning model's thinking as one lexeme, through the first ``</think>``: no
+extension of it is one, so the lexer commits there and the answer's grammar begins.
+Required: the template opened the block, any text up to its end. Optional: the model
+opens the block itself with ``<think>`` (no whitespace before it: a weak model could pad
+there forever), or answers at once."""
+
+
 def grammar_text(spec: StructuredOutput) -> str:
-    """The llguidance grammar (its JSON form) for ``spec``."""
+    """The llguidance grammar (its JSON form, or Lark) for ``spec``."""
+    answer = _answer_text(spec)
+    if not spec.thinking:
+        return answer
+    try:
+        inner = json.loads(answer)["grammars"]
+    except (ValueError, KeyError, TypeError):
+        inner = [{"lark_grammar": answer}]
+    inner[0] = dict(inner[0], name="answer")
+    start = "THINK @answer" if spec.thinking == "required" else "THINK? @answer"
+    lark = f"start: {start}\n{THINKING[spec.thinking]}"
+    return json.dumps({"grammars": [{"name": "thinking", "lark_grammar": lark}, *inner]})
+
+
+def _answer_text(spec: StructuredOutput) -> str:
     import llguidance
 
     build = llguidance.LLMatcher

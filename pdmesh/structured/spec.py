@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pdmesh.errors import InvalidRequestError
 
@@ -33,6 +33,10 @@ class StructuredOutput:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     """A Lark grammar (llguidance's dialect), or GBNF as llama.cpp writes it."""
+    thinking: Literal["", "required", "optional"] = ""
+    """A reasoning model's ``...</think>`` comes before the constrained answer: free text
+    through the first ``</think>`` (required, or optional), then the constraint. Set by the
+    router's reasoning parser: the constraint is on the answer, not the thinking."""
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -56,6 +60,9 @@ class StructuredOutput:
             if value is not None and len(value) > MAX_SPEC_CHARS:
                 raise InvalidRequestError(f"{FIELD}.{name}", f"at most {MAX_SPEC_CHARS} characters, "
                                           f"got {len(value)}")
+        if self.thinking not in ("", "required", "optional"):
+            raise InvalidRequestError(f"{FIELD}.thinking", f"must be '', 'required' or 'optional', "
+                                      f"got {self.thinking!r}")
         if self.choice is not None:
             if not self.choice or len(self.choice) > MAX_CHOICES:
                 raise InvalidRequestError(f"{FIELD}.choice", f"must list 1 to {MAX_CHOICES} strings, "
@@ -74,7 +81,7 @@ class StructuredOutput:
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> StructuredOutput:
         """From user-supplied options (a Python caller's dict), naming an unknown one."""
-        known = ("json_schema", "json_object", "regex", "choice", "grammar")
+        known = ("json_schema", "json_object", "regex", "choice", "grammar", "thinking")
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise InvalidRequestError(f"{FIELD}.{unknown[0]}", f"unknown; known are {list(known)}")

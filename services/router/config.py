@@ -126,6 +126,11 @@ class RouterConfig(MeshContract, ServerConfig):
     Hermes: <tool_call>{json}</tool_call>), llama3_json (Llama 3.1+: a JSON object),
     mistral ([TOOL_CALLS][...]), pythonic (Llama 3.2/4: [f(x=1)]), qwen3_xml (Qwen3-Coder).
     Empty: tool_choice auto is refused (required and named calls need no parser)."""
+    reasoning_parser: Literal["", "deepseek_r1", "qwen3"] = ""
+    """Split a reasoning model's <think>...</think> into the chat message's
+    reasoning_content (services/router/reasoning.py says how each reads it); a structured
+    output then holds the answer after it, not the thinking. Empty: the text is left as
+    the model wrote it."""
     access_log: bool = False
     """Log one line per finished request on either front (logger pdmesh.access): its id, how
     it ended, prompt / cached / completion tokens, TTFT, total time, its prefill and decode

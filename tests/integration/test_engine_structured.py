@@ -174,3 +174,29 @@ def test_a_constraint_that_does_not_compile_names_its_field(llm: LLM) -> None:
         with pytest.raises(InvalidRequestError):
             StructuredOutput(**bad)  # type: ignore[arg-type]
     assert llm.engine.stats().used == 0
+
+
+@pytest.mark.parametrize("thinking", ["required", "optional"])
+def test_a_constraint_after_thinking_holds_the_answer_not_the_thinking(llama_dir: Path, thinking: str) -> None:
+    """The thinking is free text through ``</think>`` (here resumed tokens, as a model would
+    have written them: random weights do not); the answer after it matches the schema."""
+    engine = LLMEngine.from_model(str(llama_dir), dtype="float32", num_blocks=128)
+    opening = "" if thinking == "required" else "<think>"
+    thought = engine.tokenizer.encode(opening + "Plan: {not json} <b>, then</think>", add_special_tokens=False)
+    spec = StructuredOutput(json_schema=JSON.json_schema, thinking=thinking)  # type: ignore[arg-type]
+    params = SamplingParams(temperature=0.9, seed=1, max_tokens=MAX_NEW + len(thought), structured_output=spec,
+                            output_kind="final_only")
+    engine.add_request("t", [0, 7, 8, 9], params, resume=Resume(tuple(thought), 0))
+    outs = [o for _ in range(10_000) if engine.has_unfinished_requests() for o in engine.step()]
+    c = outs[-1].outputs[0]
+    answer = engine.tokenizer.decode(c.token_ids[len(thought):])
+    assert c.finish_reason == "stop"
+    _valid(JSON, answer)
+    assert engine.stats().used == 0
+    if thinking == "optional":  # or the answer at once, with no thinking at all
+        direct = LLMEngine.from_model(str(llama_dir), dtype="float32", num_blocks=128)
+        direct.add_request("d", [0, 7, 8, 9], SamplingParams(temperature=0, max_tokens=MAX_NEW, structured_output=spec,
+                                                             output_kind="final_only"))
+        outs = [o for _ in range(10_000) if direct.has_unfinished_requests() for o in direct.step()]
+        text = outs[-1].outputs[0].text
+        assert text.lstrip().startswith("<think>") or json.loads(text) is not None

@@ -8,6 +8,7 @@ wants ``Authorization: Bearer <key>``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -31,6 +32,7 @@ from services.router.http.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from services.router.reasoning import thinking_of
 from services.router.tools.calls import ToolPlan
 from services.router.tools.calls import plan as plan_tools
 
@@ -140,7 +142,8 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
                           req.model or core.listed_names[0], prompts,
                           params, echo=getattr(req, "echo", False),
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                          return_token_ids=req.return_token_ids, tools=tools)
+                          return_token_ids=req.return_token_ids, tools=tools,
+                          reasoning=(core.cfg.reasoning_parser or None) if kind == "chat" else None)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> Response:
@@ -163,6 +166,9 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
                 raise InvalidRequestError(source, f"tool_choice {req.tool_choice!r} already fixes the output's "
                                           f"shape; leave {source} unset")
             spec, source = tools.structured, tools.source
+        parser = core.cfg.reasoning_parser or None
+        if spec is not None and parser is not None:  # the constraint is on the answer, after the thinking
+            spec = dataclasses.replace(spec, thinking=thinking_of(parser))
         ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt,
                                         tools.tools if tools is not None else None)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None

@@ -19,7 +19,9 @@ from pdmesh.rpc.convert import FINISH_NAMES
 from pdmesh.sampling_params import SamplingParams
 from services.router.core import RouterCore
 from services.router.http import render
+from services.router.http.answer import ChatAnswer
 from services.router.http.errors import error_body, status_of
+from services.router.reasoning import ReasoningParser, ReasoningSplit
 from services.router.streams import merge
 from services.router.tools.calls import CallStream, ToolPlan
 
@@ -39,15 +41,20 @@ class Generation:
     include_usage: bool = False
     return_token_ids: bool = False
     tools: ToolPlan | None = None
-    """A chat's tools: each choice's text is read into content and tool calls."""
+    """A chat's tools: each choice's answer is read into content and tool calls."""
+    reasoning: ReasoningParser | None = None
+    """A chat's reasoning parser: each choice's thinking goes to ``reasoning_content``."""
     created: int = field(default_factory=lambda: int(time.time()))
     usage: render.Usage = field(default_factory=render.Usage)
-    _calls: dict[int, CallStream] = field(default_factory=dict)
+    _answers: dict[int, ChatAnswer] = field(default_factory=dict)
 
-    def _call_stream(self, index: int) -> CallStream | None:
-        if self.tools is None:
+    def _answer(self, index: int) -> ChatAnswer | None:
+        if self.tools is None and self.reasoning is None:
             return None
-        return self._calls.setdefault(index, CallStream(self.tools))
+        if index not in self._answers:
+            self._answers[index] = ChatAnswer(ReasoningSplit(self.reasoning) if self.reasoning else None,
+                                              CallStream(self.tools) if self.tools else None)
+        return self._answers[index]
 
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = sum(len(ids) for _, ids in self.prompts)
@@ -98,13 +105,14 @@ class Generation:
                                "stop_reason": c.stop_reason}
         if self.kind == "chat":
             out["message"] = {"role": "assistant", "content": text}
-            calls = self._call_stream(c.index)
-            if calls is not None:
-                content, _ = calls.feed(text)
-                rest, _ = calls.finish()
-                out["message"] = {"role": "assistant", "content": (content + rest) or None}
-                if calls.calls:
-                    out["message"]["tool_calls"] = calls.calls
+            answer = self._answer(c.index)
+            if answer is not None:
+                piece = answer.read(text, final=True)
+                out["message"]["content"] = piece.content or None
+                if self.reasoning is not None:
+                    out["message"]["reasoning_content"] = piece.reasoning or None
+                if answer.made_calls:
+                    out["message"]["tool_calls"] = answer.all_calls
                     out["finish_reason"] = _finish_with_calls(c.finish_reason)
         else:
             prompt_text = self.prompts[c.index // self.params.n][0] if self.echo else None
@@ -173,16 +181,11 @@ class Generation:
             chunk["stop_reason"] = resp.stop_reason or None
         if self.kind == "chat":
             chunk["delta"] = {"content": resp.text} if resp.text or not finish else {}
-            calls = self._call_stream(index)
-            if calls is not None:
-                content, deltas = calls.feed(resp.text)
-                if finish:
-                    rest, more = calls.finish()
-                    content, deltas = content + rest, deltas + more
-                    if calls.calls:
-                        chunk["finish_reason"] = _finish_with_calls(finish)
-                chunk["delta"] = ({"content": content} if content else {}) | (
-                    {"tool_calls": deltas} if deltas else {})
+            answer = self._answer(index)
+            if answer is not None:
+                chunk["delta"] = answer.read(resp.text, final=bool(finish)).delta()
+                if finish and answer.made_calls:
+                    chunk["finish_reason"] = _finish_with_calls(finish)
         else:
             chunk["text"] = resp.text
         if self.return_token_ids:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
@@ -16,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
-from tests.integration.mesh_tools import wait_idle
+from tests.integration.mesh_tools import start_router, wait_idle
 
 
 class Part(BaseModel):
@@ -163,3 +164,30 @@ def test_a_tool_result_goes_back_through_the_template(sdk: openai.OpenAI) -> Non
                                                    {"role": "tool", "tool_call_id": call.id, "content": "12:00"}])
     assert follow.choices[0].message.tool_calls is None
     assert follow.usage is not None and follow.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_a_reasoning_parser_splits_thinking_from_the_answer(mesh: Mesh, tmp_path: Path, parser: str) -> None:
+    """A second router with --reasoning-parser. Random weights write no ``</think>``:
+    deepseek_r1 (the template opened the block) reads it all as thinking, qwen3 (no block
+    opened) as the answer; streamed or not, the same split."""
+    proc, _ = start_router(mesh, tmp_path, "--reasoning-parser", parser, "--http-port", "0")
+    try:
+        url = f"http://127.0.0.1:{(tmp_path / 'router2.port.http').read_text().strip()}/v1"
+        with openai.OpenAI(base_url=url, api_key="unused", timeout=120) as sdk:
+            kwargs = dict(model=_model(sdk), messages=_messages(3), max_tokens=12, temperature=0)
+            whole = sdk.chat.completions.create(**kwargs).choices[0].message  # type: ignore[call-overload]
+            parts = {"reasoning_content": "", "content": ""}
+            for chunk in sdk.chat.completions.create(stream=True, **kwargs):  # type: ignore[call-overload]
+                delta = chunk.choices[0].delta if chunk.choices else None
+                for key in parts:
+                    parts[key] += (getattr(delta, key, None) or "") if delta is not None else ""
+        thinking = getattr(whole, "reasoning_content", None)
+        if parser == "deepseek_r1":
+            assert thinking and whole.content is None
+        else:
+            assert thinking is None and whole.content
+        assert (parts["reasoning_content"] or None, parts["content"] or None) == (thinking, whole.content)
+    finally:
+        proc.terminate()
+        proc.wait(30)

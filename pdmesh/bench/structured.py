@@ -5,9 +5,11 @@ mixed batch apart.
 
 Both loads produce the same number of tokens per request: the schema is a list of exactly
 ``--items`` digits, so its output has a fixed length, and an unconstrained request runs to
-that many tokens (``ignore_eos``, ``max_tokens`` as the constrained run measured). Rounds
-alternate constrained and free; the best round of each counts. One engine, one machine, one
-run: the ratios are the result (docs/structured-outputs.md keeps them).
+that many tokens (``ignore_eos``, ``max_tokens`` as the constrained run measured). Each
+round runs both loads back to back (order swapped every round) and gives a ratio; the
+geometric mean of the rounds' ratios and its 95% interval are the result (the machine
+drifts more between minutes than the margins asked about; ``bench/serve/paired.py``).
+docs/structured-outputs.md keeps the figures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from pdmesh.bench import BENCH_DTYPE_HELP
+from pdmesh.bench.serve.paired import paired
 from pdmesh.engine.llm_engine import LLMEngine
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.structured.spec import StructuredOutput
@@ -29,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=32, help="concurrent requests (default: %(default)s)")
     p.add_argument("--items", type=int, default=48, help="digits in the schema's list (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default (default: 0)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds, best counts (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="paired rounds, free and constrained in turn (default: %(default)s)")
     p.add_argument("--out", default="bench-results/structured.json", help="JSON report (default: %(default)s)")
 
 
@@ -57,6 +61,7 @@ def _run(engine: LLMEngine, params: list[SamplingParams], tag: str) -> dict[int,
 
 
 def _figures(done: dict[int, tuple[int, float, float]], rows: list[int]) -> dict[str, float]:
+    """Tokens, tokens per second (to the last of ``rows`` to finish) and median TPOT of ``rows``."""
     picked = [done[i] for i in rows]
     tokens = sum(t for t, _, _ in picked)
     wall = max(end for _, _, end in picked)
@@ -74,29 +79,35 @@ def run_structured_bench(args: argparse.Namespace) -> list[dict]:  # type: ignor
     rows = []
     for share in (0.0, 0.5, 1.0):
         constrained = set(range(0, n, 2)) if share == 0.5 else set(range(n)) if share == 1.0 else set()
-        with_grammar = [SamplingParams(temperature=0.8, seed=i, max_tokens=length, ignore_eos=i not in constrained, output_kind="delta",
-                                       structured_output=spec if i in constrained else None) for i in range(n)]
-        free = [SamplingParams(temperature=0.8, seed=i, max_tokens=length, ignore_eos=True, output_kind="delta") for i in range(n)]
-        best: dict[str, dict[int, tuple[int, float, float]]] = {}
-        for r in range(args.rounds):
-            for name, params in (("free", free), ("grammar", with_grammar)):
+        loose = [i for i in range(n) if i not in constrained]
+        with_grammar = [SamplingParams(temperature=0.8, seed=i, max_tokens=length, ignore_eos=i not in constrained,
+                                       output_kind="delta", structured_output=spec if i in constrained else None)
+                        for i in range(n)]
+        free = [SamplingParams(temperature=0.8, seed=i, max_tokens=length, ignore_eos=True, output_kind="delta")
+                for i in range(n)]
+        runs: dict[str, list[dict[str, float]]] = {"free": [], "grammar": [], "free_rows": [], "free_rows_mixed": []}
+        for r in range(args.rounds):  # pairs, the order swapped every round
+            order = (("free", free), ("grammar", with_grammar))
+            for name, params in order if r % 2 == 0 else order[::-1]:
                 done = _run(engine, params, f"{name}{r}-{share}")
-                if name not in best or max(e for _, _, e in done.values()) < max(e for _, _, e in best[name].values()):
-                    best[name] = done
-        every = list(range(n))
-        row = {"constrained_share": share, "requests": n, "tokens_per_request": length,
-               "free": _figures(best["free"], every), "with_grammar": _figures(best["grammar"], every)}
-        row["ratio_tok_s"] = row["with_grammar"]["tok_s"] / row["free"]["tok_s"]
-        if share == 0.5:
-            loose = [i for i in every if i not in constrained]
-            row["free_rows_tpot_ratio"] = (_figures(best["free"], loose)["tpot_ms_p50"]
-                                           / _figures(best["grammar"], loose)["tpot_ms_p50"])
+                runs[name].append(_figures(done, list(range(n))))
+                if loose:
+                    runs["free_rows" if name == "free" else "free_rows_mixed"].append(_figures(done, loose))
+        tok_s = paired([f["tok_s"] for f in runs["free"]], [f["tok_s"] for f in runs["grammar"]])
+        row = {"constrained_share": share, "requests": n, "tokens_per_request": length, "rounds": args.rounds,
+               "tok_s_free": [f["tok_s"] for f in runs["free"]], "tok_s_grammar": [f["tok_s"] for f in runs["grammar"]],
+               "tpot_ms_free": [f["tpot_ms_p50"] for f in runs["free"]],
+               "tpot_ms_grammar": [f["tpot_ms_p50"] for f in runs["grammar"]],
+               "ratio_tok_s": tok_s.geomean, "ratio_low": tok_s.low, "ratio_high": tok_s.high}
+        line = f"{int(100 * share):>3}% constrained: tok/s with grammar / free {tok_s.describe()}"
+        if share == 0.5:  # the free rows' speed: their TPOT alone, over their TPOT beside constrained ones
+            free_rows = paired([f["tpot_ms_p50"] for f in runs["free_rows_mixed"]],
+                               [f["tpot_ms_p50"] for f in runs["free_rows"]])
+            row |= {"free_rows_speed": free_rows.geomean, "free_rows_low": free_rows.low,
+                    "free_rows_high": free_rows.high}
+            line += f"\n     the free rows' speed beside constrained ones: {free_rows.describe()}"
         rows.append(row)
-        print(f"{int(100 * share):>3}% constrained: {row['with_grammar']['tok_s']:8.1f} tok/s vs "
-              f"{row['free']['tok_s']:8.1f} free ({row['ratio_tok_s']:.3f}x); TPOT p50 "
-              f"{row['with_grammar']['tpot_ms_p50']:.2f} vs {row['free']['tpot_ms_p50']:.2f} ms"
-              + (f"; the free rows' speed in the mixed batch {row['free_rows_tpot_ratio']:.3f}x"
-                 if "free_rows_tpot_ratio" in row else ""), flush=True)
+        print(line, flush=True)
     assert engine.stats().used == 0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))

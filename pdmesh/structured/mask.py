@@ -34,7 +34,11 @@ def grammar_of(row: Any, grammars: Grammars) -> tuple[TokenGrammar, list[int]]:
 def apply_grammar_masks(logits: torch.Tensor, rows: Sequence[Any], grammars: Grammars) -> None:
     """Set the logits of tokens a row's grammar forbids to -inf, in place. A row left with
     nothing allowed (its grammar is complete and ``min_tokens`` holds EOS back, or its
-    tokens left the grammar) may only end: its EOS tokens are allowed."""
+    tokens left the grammar) may only end: its EOS tokens are allowed.
+
+    The mask goes on as an added bias of 0 or -inf, not ``masked_fill``: on this CPU build
+    a boolean fill over 16 random rows of 8,192 took 0.30-0.38 ms against 0.07 ms for the
+    bias (docs/structured-outputs.md)."""
     idx = constrained_rows(rows)
     if not idx:
         return
@@ -43,11 +47,11 @@ def apply_grammar_masks(logits: torch.Tensor, rows: Sequence[Any], grammars: Gra
     for j, i in enumerate(idx):
         state, drafts = grammar_of(rows[i], grammars)
         state.fill_mask(bits[j], drafts)
-    allowed = ((bits[:, :, None] >> _SHIFTS) & 1).reshape(len(idx), -1)[:, :vocab].bool()
-    at = torch.tensor(idx, device=logits.device)
-    sub = logits[at].masked_fill_(~allowed.to(logits.device), float("-inf"))
-    dead = torch.isneginf(sub.amax(dim=-1))
+    allowed = ((bits[:, :, None] >> _SHIFTS) & 1).reshape(len(idx), -1)[:, :vocab].to(logits.dtype)
+    # (allowed - 1) * inf: -inf where forbidden, NaN (0 * inf) where allowed, made 0.
+    bias = allowed.sub_(1).mul_(float("inf")).nan_to_num_(nan=0.0, neginf=float("-inf"))
+    dead = ~(bits != 0).any(dim=1)
     if bool(dead.any()) and grammars.eos_token_ids:
-        eos = torch.tensor(grammars.eos_token_ids, device=logits.device)
-        sub[dead.nonzero().flatten()[:, None], eos[None, :]] = 0.0
-    logits[at] = sub
+        bias[dead.nonzero().flatten()[:, None], torch.tensor(grammars.eos_token_ids)[None, :]] = 0.0
+    at = torch.tensor(idx, device=logits.device)
+    logits.index_copy_(0, at, logits.index_select(0, at).add_(bias.to(logits.device)))

@@ -31,6 +31,15 @@ def test_bench_tracing_reports_off_and_on(tmp_path: Path) -> None:
     assert 0 < data["off_us_per_request"] < data["on_us_per_request"]
 
 
+def test_bench_structured_pairs_free_and_constrained_rounds(llama_dir: Path, tmp_path: Path) -> None:
+    table, rows = run_bench(tmp_path / "structured.json", "structured", "--model", str(llama_dir), "--requests", "4",
+                            "--items", "4", "--rounds", "3")
+    assert [r["constrained_share"] for r in rows] == [0.0, 0.5, 1.0]
+    assert all(len(r["tok_s_free"]) == len(r["tok_s_grammar"]) == 3 and r["ratio_low"] <= r["ratio_tok_s"]
+               <= r["ratio_high"] for r in rows)
+    assert "free_rows_speed" in rows[1] and "the free rows' speed" in table
+
+
 def test_bench_mesh_refuses_a_section_it_does_not_have() -> None:
     from pdmesh.bench.mesh import run_mesh_bench
 

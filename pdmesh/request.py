@@ -117,6 +117,9 @@ class Sequence:
     """``(token_ids, the same as a tensor, its last token)``, the tensor extended as
     tokens are appended (``token_tensor`` in ``pdmesh/engine/sampler.py``: penalties read
     every token each step)."""
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """With ``prompt_logprobs``: the logprob of prompt token ``i + 1`` at entry ``i``, filled
+    as the prompt's chunks are computed (the first sequence of a request only)."""
     grammar: Any = None
     """Its place in its structured output's grammar (``TokenGrammar``), made when it first
     samples under one."""
@@ -206,3 +209,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """With ``prompt_logprobs``: prompt tokens 1.. (the first has none), on the first output
+    that has them all (every output for the cumulative and final kinds)."""

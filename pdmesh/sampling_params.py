@@ -67,6 +67,10 @@ class SamplingParams:
     """Keep generating past the model's EOS token."""
     logprobs: int | None = None
     """Return the sampled token's logprob and the top-N (0 = sampled token only)."""
+    prompt_logprobs: int | None = None
+    """Return each prompt token's logprob (after the first) and the top-N at its position,
+    computed by the worker that prefills; its prompt is recomputed, not read from the
+    prefix cache (cached blocks hold KV, not the logits)."""
     skip_special_tokens: bool = True
     output_kind: OutputKind = "cumulative"
     """What each streamed output holds: everything so far, only what is new, or only the end."""
@@ -137,6 +141,8 @@ class SamplingParams:
                                       f"got {len(self.cache_salt)}")
         if self.logprobs is not None:
             _int_range("logprobs", self.logprobs, 0, _MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int_range("prompt_logprobs", self.prompt_logprobs, 0, _MAX_LOGPROBS)
         if self.output_kind not in ("cumulative", "delta", "final_only"):
             raise InvalidRequestError(
                 "output_kind",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,6 +45,10 @@ class StepResult:
     """The sequences whose next token these rows produce, in row order."""
     drafts: list[list[int]]
     """Per sampling sequence, the draft tokens this step verified (mostly empty)."""
+    prompt_logits: torch.Tensor | None = None
+    """Rows for prompt logprobs, after the sampling rows: ``prompt_rows`` says whose."""
+    prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    """``(sequence, first position, rows)``: position ``p``'s row predicts prompt token ``p + 1``."""
 
 
 @dataclass(slots=True)
@@ -59,6 +63,8 @@ class PreparedStep:
     """The last layer's rows where it computes fewer than all (``sampled_rows``)."""
     decode_only: bool = False
     """One sampling row per sequence and no drafts: a step a CUDA graph can replay."""
+    prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    """Prompt positions whose logits a request's prompt logprobs need (``StepResult``)."""
 
 
 class ModelRunner:
@@ -115,6 +121,9 @@ class ModelRunner:
                 return StepResult(logits, step.sampling, step.drafts)
         logits = self.model(step.input_ids, step.positions, self.kv_cache, step.meta, self.backend,
                             step.logits_idx, step.last)
+        if step.prompt_rows:
+            n = sum(rows for _, _, rows in step.prompt_rows)
+            return StepResult(logits[:-n], step.sampling, step.drafts, logits[-n:], step.prompt_rows)
         return StepResult(logits, step.sampling, step.drafts)
 
     def _prepare(self, items: list[ScheduledSeq]) -> PreparedStep:
@@ -130,6 +139,8 @@ class ModelRunner:
         decode_lens: list[int] = []
         prefill_spans: list[tuple[int, int, int]] = []
         prefill_tables: list[list[int]] = []
+        prompt_rows: list[tuple[Sequence, int, int]] = []
+        prompt_idx: list[int] = []
         for item in items:
             seq, start, n = item.seq, item.start, item.num_new_tokens
             table = self.kv.block_table(seq)
@@ -152,6 +163,12 @@ class ModelRunner:
                 logits_idx.append(len(ids) - 1)
                 sampling.append(seq)
                 drafts.append(item.spec)
+            if seq.params.prompt_logprobs is not None and seq.index == 0 and not item.spec:
+                first = max(start, len(seq.prompt_logprobs))  # a recompute after preemption: not again
+                end = min(start + n, seq.prompt_len - 1)
+                if first < end:
+                    prompt_rows.append((seq, first, end - first))
+                    prompt_idx.extend(range(q_start + first - start, q_start + end - start))
         positions = torch.tensor(pos, device=dev)
         meta = AttentionMetadata(
             num_decodes=len(decode_tables),
@@ -164,12 +181,13 @@ class ModelRunner:
                                      bs)
         else:
             _block_tables(meta, decode_tables, decode_lens, prefill_spans, prefill_tables, dev)
+        logits_idx += prompt_idx  # after the sampling rows: StepResult splits them off
         cut = self.backend.attends_sampled_rows and prefill_spans
         last = sampled_rows(meta, logits_idx, len(ids)) if cut else None
         decode_only = not prefill_spans and not any(drafts) and len(logits_idx) == len(ids)
         return PreparedStep(torch.tensor(ids, device=dev), positions, meta,
                             torch.tensor(logits_idx, dtype=torch.long, device=dev), sampling, drafts, last,
-                            decode_only)
+                            decode_only, prompt_rows)
 
 
 @dataclass(frozen=True, slots=True)

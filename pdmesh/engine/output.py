@@ -15,7 +15,7 @@ import torch
 
 from pdmesh.engine.detokenizer import IncrementalDetokenizer
 from pdmesh.kv.block_hash import extra_keys_for
-from pdmesh.request import CompletionOutput, RequestMetrics, RequestOutput, Sequence
+from pdmesh.request import CompletionOutput, RequestMetrics, RequestOutput, Sequence, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.tokenizer import Tokenizer
 
@@ -40,6 +40,7 @@ class RequestState:
     detoks: list[IncrementalDetokenizer] = field(default_factory=list)
     cursors: list[_Cursor] = field(default_factory=list)
     hold_kv: bool = False
+    prompt_logprobs_sent: bool = False
     """Keep the blocks when finished (a prefill worker's KV waiting to be written out)."""
 
     @property
@@ -105,5 +106,17 @@ class RequestState:
         if not outputs and not finished:
             return None
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, outputs, finished, self.metrics
+            self.request_id, self.prompt, self.prompt_token_ids, outputs, finished, self.metrics,
+            self._prompt_logprobs(kind),
         )
+
+    def _prompt_logprobs(self, kind: str) -> list[TokenLogprob] | None:
+        """The prompt's logprobs, once all are known: on the first output that carries them
+        (deltas), or on every output (cumulative, final)."""
+        if self.params.prompt_logprobs is None or not self.seqs:
+            return None
+        lps = self.seqs[0].prompt_logprobs
+        if len(lps) < len(self.prompt_token_ids) - 1 or (kind == "delta" and self.prompt_logprobs_sent):
+            return None
+        self.prompt_logprobs_sent = True
+        return list(lps)

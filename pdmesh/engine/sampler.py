@@ -112,7 +112,7 @@ class Sampler:
         if raw_logprobs is not None:
             for i, row in enumerate(rows):
                 if row.params.logprobs is not None:
-                    out[i] = _token_logprob(raw_logprobs[i], tokens[i], row.params.logprobs)
+                    out[i] = token_logprob(raw_logprobs[i], tokens[i], row.params.logprobs)
         return out
 
     @staticmethod
@@ -248,7 +248,8 @@ def seeded_uniform(generator: Any, device: torch.device | str) -> torch.Tensor:
     return torch.rand(1, dtype=torch.float64, device=device, generator=generator)
 
 
-def _token_logprob(row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
+def token_logprob(row: torch.Tensor, token: int, top_n: int) -> TokenLogprob:
+    """``token``'s logprob in ``row`` (a log-softmax), its rank, and the ``top_n`` best."""
     value = row[token]
     rank = int((row > value).sum()) + 1
     top: tuple[tuple[int, float], ...] = ()

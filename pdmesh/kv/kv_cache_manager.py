@@ -91,8 +91,8 @@ class KVCacheManager:
         The last token is always recomputed (its logits are needed), so at most
         ``num_tokens - 1`` tokens hit.
         """
-        if not self.pool.enable_caching:
-            return []
+        if not self.pool.enable_caching or seq.params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position's logits: recomputed
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         self.ensure_hashes(seq, max_blocks)

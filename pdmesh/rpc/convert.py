@@ -16,6 +16,7 @@ _OPTIONAL_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed",
     "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
     "n", "priority", "include_stop_str_in_output", "num_speculative_tokens", "skip_special_tokens",
+    "prompt_logprobs",
 )
 FINISH_CODES = {
     None: common_pb2.FINISH_REASON_UNSPECIFIED,
@@ -60,6 +61,8 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.prompt_logprobs is not None:
+        msg.prompt_logprobs = params.prompt_logprobs
     if params.num_speculative_tokens is not None:
         msg.num_speculative_tokens = params.num_speculative_tokens
     if params.structured_output is not None:
@@ -140,6 +143,8 @@ def response_from_output(
     resp.text = comp.text
     if comp.logprobs:
         resp.logprobs.extend(logprob_to_proto(lp) for lp in comp.logprobs)
+    if out.prompt_logprobs:
+        resp.prompt_logprobs.extend(logprob_to_proto(lp) for lp in out.prompt_logprobs)
     if out.finished:
         resp.finish_reason = FINISH_CODES[comp.finish_reason]
         if comp.stop_reason is not None:

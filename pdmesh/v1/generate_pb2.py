@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/generate.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xd6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.pdmesh.v1.TokenIdsH\x00\x12+\n\x08messages\x18\x06 \x01(\x0b\x32\x17.pdmesh.v1.ChatMessagesH\x00\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x05 \x01(\tB\x07\n\x05input\"v\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.pdmesh.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xe7\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.pdmesh.v1.Usage\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.pdmesh.v1.TokenLogprob\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x13\n\x0bstop_reason\x18\x07 \x01(\t\x12\r\n\x05index\x18\x08 \x01(\r\"\x89\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x19\n\x11spec_draft_tokens\x18\x04 \x01(\r\x12\x1c\n\x14spec_accepted_tokens\x18\x05 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x1f\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"C\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x13\n\x11ListModelsRequest\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.pdmesh.v1.ModelCard\"?\n\tModelCard\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t2\xea\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.pdmesh.v1.GenerateRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.pdmesh.v1.AbortRequest\x1a\x18.pdmesh.v1.AbortResponse\x12\x43\n\x08Tokenize\x12\x1a.pdmesh.v1.TokenizeRequest\x1a\x1b.pdmesh.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.pdmesh.v1.DetokenizeRequest\x1a\x1d.pdmesh.v1.DetokenizeResponse\x12I\n\nListModels\x12\x1c.pdmesh.v1.ListModelsRequest\x1a\x1d.pdmesh.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/generate.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xd6\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.pdmesh.v1.TokenIdsH\x00\x12+\n\x08messages\x18\x06 \x01(\x0b\x32\x17.pdmesh.v1.ChatMessagesH\x00\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x05 \x01(\tB\x07\n\x05input\"v\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.pdmesh.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x99\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.pdmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.pdmesh.v1.Usage\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.pdmesh.v1.TokenLogprob\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12\x13\n\x0bstop_reason\x18\x07 \x01(\t\x12\r\n\x05index\x18\x08 \x01(\r\x12\x30\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x17.pdmesh.v1.TokenLogprob\"\x89\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x19\n\x11spec_draft_tokens\x18\x04 \x01(\r\x12\x1c\n\x14spec_accepted_tokens\x18\x05 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x1f\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"C\n\x11\x44\x65tokenizeRequest\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x13\n\x11ListModelsRequest\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.pdmesh.v1.ModelCard\"?\n\tModelCard\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t2\xea\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.pdmesh.v1.GenerateRequest\x1a\x1b.pdmesh.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.pdmesh.v1.AbortRequest\x1a\x18.pdmesh.v1.AbortResponse\x12\x43\n\x08Tokenize\x12\x1a.pdmesh.v1.TokenizeRequest\x1a\x1b.pdmesh.v1.TokenizeResponse\x12I\n\nDetokenize\x12\x1c.pdmesh.v1.DetokenizeRequest\x1a\x1d.pdmesh.v1.DetokenizeResponse\x12I\n\nListModels\x12\x1c.pdmesh.v1.ListModelsRequest\x1a\x1d.pdmesh.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,27 +39,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGE']._serialized_start=400
   _globals['_CHATMESSAGE']._serialized_end=444
   _globals['_GENERATERESPONSE']._serialized_start=447
-  _globals['_GENERATERESPONSE']._serialized_end=678
-  _globals['_USAGE']._serialized_start=681
-  _globals['_USAGE']._serialized_end=818
-  _globals['_ABORTREQUEST']._serialized_start=820
-  _globals['_ABORTREQUEST']._serialized_end=854
-  _globals['_ABORTRESPONSE']._serialized_start=856
-  _globals['_ABORTRESPONSE']._serialized_end=888
-  _globals['_TOKENIZEREQUEST']._serialized_start=890
-  _globals['_TOKENIZEREQUEST']._serialized_end=921
-  _globals['_TOKENIZERESPONSE']._serialized_start=923
-  _globals['_TOKENIZERESPONSE']._serialized_end=960
-  _globals['_DETOKENIZEREQUEST']._serialized_start=962
-  _globals['_DETOKENIZEREQUEST']._serialized_end=1029
-  _globals['_DETOKENIZERESPONSE']._serialized_start=1031
-  _globals['_DETOKENIZERESPONSE']._serialized_end=1065
-  _globals['_LISTMODELSREQUEST']._serialized_start=1067
-  _globals['_LISTMODELSREQUEST']._serialized_end=1086
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1088
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1146
-  _globals['_MODELCARD']._serialized_start=1148
-  _globals['_MODELCARD']._serialized_end=1211
-  _globals['_GENERATION']._serialized_start=1214
-  _globals['_GENERATION']._serialized_end=1576
+  _globals['_GENERATERESPONSE']._serialized_end=728
+  _globals['_USAGE']._serialized_start=731
+  _globals['_USAGE']._serialized_end=868
+  _globals['_ABORTREQUEST']._serialized_start=870
+  _globals['_ABORTREQUEST']._serialized_end=904
+  _globals['_ABORTRESPONSE']._serialized_start=906
+  _globals['_ABORTRESPONSE']._serialized_end=938
+  _globals['_TOKENIZEREQUEST']._serialized_start=940
+  _globals['_TOKENIZEREQUEST']._serialized_end=971
+  _globals['_TOKENIZERESPONSE']._serialized_start=973
+  _globals['_TOKENIZERESPONSE']._serialized_end=1010
+  _globals['_DETOKENIZEREQUEST']._serialized_start=1012
+  _globals['_DETOKENIZEREQUEST']._serialized_end=1079
+  _globals['_DETOKENIZERESPONSE']._serialized_start=1081
+  _globals['_DETOKENIZERESPONSE']._serialized_end=1115
+  _globals['_LISTMODELSREQUEST']._serialized_start=1117
+  _globals['_LISTMODELSREQUEST']._serialized_end=1136
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1138
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1196
+  _globals['_MODELCARD']._serialized_start=1198
+  _globals['_MODELCARD']._serialized_end=1261
+  _globals['_GENERATION']._serialized_start=1264
+  _globals['_GENERATION']._serialized_end=1626
 # @@protoc_insertion_point(module_scope)

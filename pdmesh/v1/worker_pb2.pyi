@@ -172,7 +172,7 @@ class IndexView(_message.Message):
     def __init__(self, tier_blocks: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms", "first_text", "first_stopped", "kv_written_inline", "first_only")
+    __slots__ = ("first_token_id", "first_logprob", "cached_tokens", "blocks_transferred", "bytes_transferred", "prefill_ms", "transfer_ms", "first_text", "first_stopped", "kv_written_inline", "first_only", "prompt_logprobs")
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,7 @@ class PrefillResponse(_message.Message):
     FIRST_STOPPED_FIELD_NUMBER: _ClassVar[int]
     KV_WRITTEN_INLINE_FIELD_NUMBER: _ClassVar[int]
     FIRST_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     first_token_id: int
     first_logprob: _common_pb2.TokenLogprob
     cached_tokens: int
@@ -195,7 +196,8 @@ class PrefillResponse(_message.Message):
     first_stopped: bool
     kv_written_inline: bool
     first_only: bool
-    def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., blocks_transferred: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ..., first_text: _Optional[str] = ..., first_stopped: _Optional[bool] = ..., kv_written_inline: _Optional[bool] = ..., first_only: _Optional[bool] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
+    def __init__(self, first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., cached_tokens: _Optional[int] = ..., blocks_transferred: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., transfer_ms: _Optional[float] = ..., first_text: _Optional[str] = ..., first_stopped: _Optional[bool] = ..., kv_written_inline: _Optional[bool] = ..., first_only: _Optional[bool] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class RenewLeaseRequest(_message.Message):
     __slots__ = ("request_id", "lease_ms")

@@ -194,6 +194,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             resp.first_text = comp.text
         if comp.logprobs:
             resp.first_logprob.CopyFrom(logprob_to_proto(comp.logprobs[0]))
+        if final.prompt_logprobs:
+            resp.prompt_logprobs.extend(logprob_to_proto(lp) for lp in final.prompt_logprobs)
         return resp
 
     def _response(self, job: PrefillJob, final: RequestOutput, sent_blocks: int, moved: int,

@@ -83,6 +83,9 @@ class RequestFlow:
     """Prompt tokens the router had sent its decode worker before this request."""
     decode_answered: bool = False
     """A decode worker's stream has sent a message (its reservation is claimed)."""
+    prompt_logprobs: list[Any] = field(default_factory=list)
+    """The prefill worker's prompt logprobs, for the caller's first message."""
+    prompt_logprobs_sent: bool = False
     attempt: int = 0
     """Which attempt at the workers this is: 0 first; a retry before the stream or a
     migration starts the next."""
@@ -192,6 +195,7 @@ class RequestFlow:
         """The first token straight from the prefill worker where its text is certain
         (``first_token``), while its KV is written; then the decode worker's stream once
         the KV landed, no ``Decode`` at all when that token ends the request."""
+        self.prompt_logprobs = list(h.first.prompt_logprobs)
         relayed = first_token.early(h.first, self.params, len(self.prompt),
                                     max(h.handle.cached_tokens, h.first.cached_tokens))
         try:
@@ -248,7 +252,15 @@ class RequestFlow:
         return exc.code() in WORKER_FAILED and not self.aborted
 
     def _streamed(self, resp: Any) -> None:
-        """``resp`` goes to the caller: what a migration resumes from grows by it."""
+        """``resp`` goes to the caller: what a migration resumes from grows by it. The
+        prompt's logprobs go out once, on the first message: from the prefill worker's
+        answer (``prompt_logprobs``), or as a local prefill's first message carries them; a
+        worker that resumes the request after a failure computes them again, not sent."""
+        if self.prompt_logprobs and not self.prompt_logprobs_sent and not resp.prompt_logprobs:
+            resp.prompt_logprobs.extend(self.prompt_logprobs)
+        elif self.prompt_logprobs_sent and resp.prompt_logprobs:
+            del resp.prompt_logprobs[:]
+        self.prompt_logprobs_sent = self.prompt_logprobs_sent or bool(resp.prompt_logprobs)
         self.streamed_tokens.extend(resp.token_ids)
         self.streamed_chars += len(resp.text)
         self.finished = self.finished or bool(resp.finish_reason)

@@ -143,14 +143,12 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
                           params, echo=getattr(req, "echo", False),
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
                           return_token_ids=req.return_token_ids, tools=tools,
+                          show_prompt_logprobs=req.prompt_logprobs is not None,
                           reasoning=(core.cfg.reasoning_parser or None) if kind == "chat" else None)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> Response:
         convert.check_model(core, req.model)
-        if req.echo and req.logprobs is not None:
-            raise HTTPError(400, "echo with logprobs needs prompt logprobs, which pdmesh does not "
-                            "compute; drop one of them", "echo")
         spec, source = structured.requested(req)
         prompts = await convert.completion_prompts(core, req)
         return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs, spec),

@@ -34,8 +34,11 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, lo
         options["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
     if req.stop_token_ids:
         options["stop_token_ids"] = tuple(req.stop_token_ids)
+    prompt_lps = req.prompt_logprobs
+    if getattr(req, "echo", False) and logprobs is not None:  # echo with logprobs covers the prompt too
+        prompt_lps = max(prompt_lps or 0, logprobs)
     options.update(n=req.n, max_tokens=max_tokens, logprobs=logprobs, output_kind="delta",
-                   cache_salt=req.cache_salt or None)
+                   cache_salt=req.cache_salt or None, prompt_logprobs=prompt_lps)
     return SamplingParams.from_dict(options)
 
 

@@ -40,6 +40,8 @@ class Generation:
     echo: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    show_prompt_logprobs: bool = False
+    """The body asked for ``prompt_logprobs`` (vLLM's field), not only ``echo`` with ``logprobs``."""
     tools: ToolPlan | None = None
     """A chat's tools: each choice's answer is read into content and tool calls."""
     reasoning: ReasoningParser | None = None
@@ -85,6 +87,8 @@ class Generation:
             self._add(choices, index, resp)
         body = self._head("chat.completion" if self.kind == "chat" else "text_completion")
         body["choices"] = [self._choice_json(c) for c in choices.values()]
+        if self.kind == "chat" and self.show_prompt_logprobs:  # vLLM's chat: once, beside the choices
+            body["prompt_logprobs"] = render.prompt_logprobs_json(self.core.tokenizer, choices[0].prompt_logprobs)
         body["usage"] = self.usage.json()
         if self.return_token_ids:
             body["prompt_token_ids"] = [ids for _, ids in self.prompts]
@@ -98,9 +102,14 @@ class Generation:
         text = "".join(c.text)
         tok = self.core.tokenizer
         lp = None
+        prompt_ids = self.prompts[c.index // self.params.n][1]
         if self.params.logprobs is not None:
-            lp = (render.chat_logprobs(tok, c.logprobs) if self.kind == "chat"
-                  else render.completion_logprobs(tok, c.logprobs, 0))
+            if self.kind == "chat":
+                lp = render.chat_logprobs(tok, c.logprobs)
+            elif self.echo:
+                lp = render.echoed_logprobs(tok, prompt_ids, c.prompt_logprobs, c.logprobs)
+            else:
+                lp = render.completion_logprobs(tok, c.logprobs, 0)
         out: dict[str, Any] = {"index": c.index, "logprobs": lp, "finish_reason": c.finish_reason,
                                "stop_reason": c.stop_reason}
         if self.kind == "chat":
@@ -115,10 +124,11 @@ class Generation:
                     out["message"]["tool_calls"] = answer.all_calls
                     out["finish_reason"] = _finish_with_calls(c.finish_reason)
         else:
-            prompt_text = self.prompts[c.index // self.params.n][0] if self.echo else None
-            out["text"] = (prompt_text or "") + text
+            out["text"] = (self._echo_text(c.index) if self.echo else "") + text
         if self.return_token_ids:
             out["token_ids"] = c.token_ids
+        if self.kind == "completion" and self.show_prompt_logprobs:
+            out["prompt_logprobs"] = render.prompt_logprobs_json(tok, c.prompt_logprobs)
         return out
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -136,7 +146,7 @@ class Generation:
             # index it has not seen in order.
             for index in range(len(self.prompts) * self.params.n):
                 started.add(index)
-                for chunk in self._opening(index):
+                for chunk in self._opening(index, None, offsets):
                     yield render.sse(self._head(obj) | {"choices": [chunk]})
         try:
             items = [first] if first is not None else []
@@ -145,7 +155,7 @@ class Generation:
                 chunks = []
                 if index not in started:
                     started.add(index)
-                    chunks.extend(self._opening(index))
+                    chunks.extend(self._opening(index, resp, offsets))
                 chunks.append(self._delta(index, resp, offsets))
                 for chunk in chunks:
                     yield render.sse(self._head(obj) | {"choices": [chunk]})
@@ -156,15 +166,26 @@ class Generation:
                 yield render.sse(self._head(obj) | {"choices": [], "usage": self.usage.json()})
         yield render.SSE_DONE
 
-    def _opening(self, index: int) -> list[dict[str, Any]]:
-        """What a choice's first chunk carries before its tokens: the role, or the echo."""
+    def _echo_text(self, index: int) -> str:
+        """The prompt a choice echoes: its text, or a token-id prompt's tokens rendered."""
+        text, ids = self.prompts[index // self.params.n]
+        return text if text is not None else self.core.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _opening(self, index: int, first: Any, offsets: dict[int, int]) -> list[dict[str, Any]]:
+        """What a choice's first chunk carries before its tokens: the role, or the echo
+        (with the prompt's logprobs when ``logprobs`` is set; ``first`` is the choice's
+        first response, which carries them)."""
         if self.kind == "chat":
             return [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None}]
-        text = self.prompts[index // self.params.n][0] if self.echo else None
-        if text is None:
+        if not self.echo:
             return []
-        return [{"index": index, "text": text, "logprobs": None, "finish_reason": None}]
+        text, ids = self._echo_text(index), self.prompts[index // self.params.n][1]
+        lp = None
+        if self.params.logprobs is not None and first is not None:
+            lp = render.echoed_logprobs(self.core.tokenizer, ids, list(first.prompt_logprobs), [])
+            offsets[index] = len(text)
+        return [{"index": index, "text": text, "logprobs": lp, "finish_reason": None}]
 
     def _delta(self, index: int, resp: Any, offsets: dict[int, int]) -> dict[str, Any]:
         finish = (FINISH_NAMES.get(resp.finish_reason) or "stop") if resp.finish_reason else None
@@ -177,6 +198,8 @@ class Generation:
                 lp = render.completion_logprobs(tok, list(resp.logprobs), offsets.get(index, 0))
                 offsets[index] = offsets.get(index, 0) + len(resp.text)
         chunk: dict[str, Any] = {"index": index, "logprobs": lp, "finish_reason": finish}
+        if self.show_prompt_logprobs and resp.prompt_logprobs:
+            chunk["prompt_logprobs"] = render.prompt_logprobs_json(tok, list(resp.prompt_logprobs))
         if finish:
             chunk["stop_reason"] = resp.stop_reason or None
         if self.kind == "chat":

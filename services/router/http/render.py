@@ -19,6 +19,8 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
     """``TokenLogprob`` messages, one per token."""
+    prompt_logprobs: list[Any] = field(default_factory=list)
+    """``TokenLogprob`` messages of prompt tokens 1.. (``prompt_logprobs``)."""
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -26,6 +28,7 @@ class Choice:
         self.text.append(resp.text)
         self.token_ids.extend(resp.token_ids)
         self.logprobs.extend(resp.logprobs)
+        self.prompt_logprobs.extend(resp.prompt_logprobs)
         if resp.finish_reason:
             self.finish_reason = FINISH_NAMES.get(resp.finish_reason) or "stop"
             self.stop_reason = resp.stop_reason or None
@@ -73,6 +76,31 @@ def completion_logprobs(tok: Tokenizer, lps: list[Any], offset: int) -> dict[str
         "top_logprobs": [{token_str(tok, t.token_id): t.logprob for t in lp.top} for lp in lps],
         "text_offset": offsets,
     }
+
+
+def prompt_logprobs_json(tok: Tokenizer, lps: list[Any]) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token a dict
+    from token id to its logprob, rank and text: the prompt's own token and the top-N."""
+    def one(lp: Any) -> dict[str, Any]:
+        out = {str(t.token_id): {"logprob": t.logprob, "decoded_token": token_str(tok, t.token_id)} for t in lp.top}
+        for rank, key in enumerate(out, 1):
+            out[key]["rank"] = rank
+        out[str(lp.token_id)] = {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": token_str(tok, lp.token_id)}
+        return out
+
+    return [None, *map(one, lps)]
+
+
+def echoed_logprobs(tok: Tokenizer, prompt_ids: list[int], prompt_lps: list[Any], lps: list[Any]) -> dict[str, Any]:
+    """``echo`` with ``logprobs``: the completions shape over the prompt's tokens (the
+    first without a logprob, as OpenAI's) and then the generated ones."""
+    first = token_str(tok, prompt_ids[0])
+    head = completion_logprobs(tok, prompt_lps, len(first))
+    tail = completion_logprobs(tok, lps, len(first) + sum(map(len, head["tokens"])))
+    return {"tokens": [first, *head["tokens"], *tail["tokens"]],
+            "token_logprobs": [None, *head["token_logprobs"], *tail["token_logprobs"]],
+            "top_logprobs": [None, *head["top_logprobs"], *tail["top_logprobs"]],
+            "text_offset": [0, *head["text_offset"], *tail["text_offset"]]}
 
 
 def chat_logprobs(tok: Tokenizer, lps: list[Any]) -> dict[str, Any]:

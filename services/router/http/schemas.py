@@ -55,7 +55,6 @@ _UNSUPPORTED = {
     "best_of": "best-of-n selection (ask for n completions instead)",
     "functions": "the legacy function calling (send tools instead)",
     "function_call": "the legacy function calling (send tools and tool_choice instead)",
-    "prompt_logprobs": "prompt logprobs",
     "truncate_prompt_tokens": "prompt truncation (send a shorter prompt)",
     "logits_processors": "custom logits processors",
 }
@@ -122,6 +121,7 @@ class _Sampling(_Body):
     skip_special_tokens: bool | None = None
     priority: int | None = None
     num_speculative_tokens: int | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     cache_salt: str | None = None
     return_token_ids: bool = False
     request_id: str | None = None

@@ -50,7 +50,7 @@ def test_errors_have_their_status_and_openai_shape(llama_dir: Path) -> None:
         ("POST", "/v1/completions", {"model": m}, 400, "prompt"),
         ("POST", "/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404, "model"),
         ("POST", "/v1/completions", {"model": m, "prompt": "hi", "suffix": "x"}, 400, "suffix"),
-        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "echo": True, "logprobs": 1}, 400, "echo"),
+        ("POST", "/v1/completions", {"model": m, "prompt": "hi", "prompt_logprobs": 21}, 400, "prompt_logprobs"),
         ("POST", "/v1/completions", {"model": m, "prompt": "hi", "top_p": 7}, 400, "top_p"),
         ("POST", "/v1/completions", {"model": m, "prompt": [5, 10**7]}, 400, "prompt"),
         ("POST", "/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 10**6}, 400, "max_tokens"),

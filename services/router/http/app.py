@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI), served by the router process on its own loop.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health`` (200 only when the mesh can serve), ``POST /tokenize``, ``POST /detokenize``,
-``GET /metrics`` (the router's Prometheus registry). With an API key, every ``/v1/*`` route
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses``,
+``GET /v1/models``, ``GET /health`` (200 only when the mesh can serve), ``POST /tokenize``,
+``POST /detokenize``, ``GET /metrics`` (the router's Prometheus registry). With an API key, every ``/v1/*`` route
 wants ``Authorization: Bearer <key>``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -24,12 +25,14 @@ from pdmesh.errors import InvalidRequestError, PdmeshError
 from pdmesh.structured.spec import StructuredOutput
 from services.router.core import RouterCore
 from services.router.http import convert, structured
+from services.router.http import responses as responses_api
 from services.router.http.errors import HTTPError, error_response, status_of
 from services.router.http.generation import Generation, Kind
 from services.router.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    ResponsesRequest,
     TokenizeRequest,
 )
 from services.router.reasoning import thinking_of
@@ -112,17 +115,22 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
 
 
 def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
-    async def run(gen: Generation, stream: bool, source: str) -> Response:
+    async def start(gen: Generation, source: str) -> tuple[Any, AsyncIterator[Any]]:
+        """The generation's first item (or its first error, before any status goes out)
+        and the rest."""
         try:  # compiled here first, so a bad schema is refused with the field the body used
             await core.check_structured(gen.params)
         except InvalidRequestError as exc:
             raise structured.renamed(exc, source) from None
         items = gen.stream()
-        try:  # the first token (or the first error) before any status goes out
-            first = await anext(items, None)
+        try:
+            return await anext(items, None), items
         except BaseException:
             await items.aclose()
             raise
+
+    async def run(gen: Generation, stream: bool, source: str) -> Response:
+        first, items = await start(gen, source)
         if stream:
             return StreamingResponse(gen.sse(first, items), media_type="text/event-stream")
         return JSONResponse(await gen.collect(first, items))
@@ -154,8 +162,8 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
         return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs, spec),
                          req.stream, source)
 
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest) -> Response:
+    async def chat_generation(req: ChatCompletionRequest) -> tuple[Generation, str]:
+        """A chat request as a generation, and the field its output constraint came from."""
         convert.check_model(core, req.model)
         spec, source = structured.requested(req)
         tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, core.cfg.tool_call_parser)
@@ -172,7 +180,22 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs,
                          spec, tools)
+        return gen, source
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest) -> Response:
+        gen, source = await chat_generation(req)
         return await run(gen, req.stream, source)
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest) -> Response:
+        """OpenAI's Responses API over the chat path: the same generation, another shape."""
+        gen, source = await chat_generation(responses_api.as_chat(req))
+        first, items = await start(gen, source)
+        reply = responses_api.Reply(req, gen)
+        if req.stream:
+            return StreamingResponse(reply.events(first, items), media_type="text/event-stream")
+        return JSONResponse(reply.body(await gen.collect(first, items)))
 
 
 def _add_utility_routes(app: FastAPI, core: RouterCore) -> None:

@@ -137,6 +137,14 @@ class Generation:
     # -- SSE --------------------------------------------------------------------------
     async def sse(self, first: tuple[int, Any] | None, rest: AsyncIterator[tuple[int, Any]]
                   ) -> AsyncIterator[str]:
+        async for chunk in self.chunks(first, rest):
+            yield render.sse(chunk)
+        yield render.SSE_DONE
+
+    async def chunks(self, first: tuple[int, Any] | None, rest: AsyncIterator[tuple[int, Any]]
+                     ) -> AsyncIterator[dict[str, Any]]:
+        """The stream's chunks as objects: one choice's delta each, then the usage when
+        asked; an error after the 200 went out travels as the last one (``{"error": ...}``)."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         started: set[int] = set()
         offsets: dict[int, int] = {}
@@ -147,7 +155,7 @@ class Generation:
             for index in range(len(self.prompts) * self.params.n):
                 started.add(index)
                 for chunk in self._opening(index, None, offsets):
-                    yield render.sse(self._head(obj) | {"choices": [chunk]})
+                    yield self._head(obj) | {"choices": [chunk]}
         try:
             items = [first] if first is not None else []
             async for index, resp in _achain(items, rest):
@@ -158,13 +166,12 @@ class Generation:
                     chunks.extend(self._opening(index, resp, offsets))
                 chunks.append(self._delta(index, resp, offsets))
                 for chunk in chunks:
-                    yield render.sse(self._head(obj) | {"choices": [chunk]})
+                    yield self._head(obj) | {"choices": [chunk]}
         except Exception as exc:  # after the 200 went out: the error travels in the stream
-            yield render.sse(error_body(status_of(exc)))
+            yield error_body(status_of(exc))
         else:
             if self.include_usage:
-                yield render.sse(self._head(obj) | {"choices": [], "usage": self.usage.json()})
-        yield render.SSE_DONE
+                yield self._head(obj) | {"choices": [], "usage": self.usage.json()}
 
     def _echo_text(self, index: int) -> str:
         """The prompt a choice echoes: its text, or a token-id prompt's tokens rendered."""

@@ -209,3 +209,32 @@ class TokenizeRequest(_Body):
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]
+
+
+class ResponsesRequest(_Body):
+    """OpenAI's Responses API (``POST /v1/responses``), stateless: each request carries its
+    whole conversation, so ``previous_response_id`` is refused and ``store`` ignored."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_stateless(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("previous_response_id"):
+            raise InvalidRequestError("previous_response_id", "pdmesh keeps no responses: send the whole "
+                                      "conversation in input instead")
+        return data
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] = Field(min_length=1)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    """Function tools in the Responses shape: ``{"type": "function", "name", "parameters"}``."""
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    """``{"format": {"type": "text" | "json_object" | "json_schema", "name", "schema", "strict"}}``."""
+    stream: bool = False
+    user: str | None = None

@@ -20,9 +20,13 @@ ODD: list[Any] = [None, 0, -1, 1, 2**31, 2**63, 2**64 + 5, -(2**63) - 1, 1e308, 
 FIELDS = ["max_tokens", "n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
           "stream", "stream_options", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
           "stop_token_ids", "include_stop_str_in_output", "priority", "num_speculative_tokens", "cache_salt",
-          "return_token_ids", "request_id", "user", "logit_bias", "best_of", "response_format", "tools"]
+          "return_token_ids", "request_id", "user", "logit_bias", "best_of", "response_format", "tools",
+          "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "prompt_logprobs"]
 COMPLETION_ONLY = ["logprobs", "echo", "suffix", "prompt"]
-CHAT_ONLY = ["logprobs", "top_logprobs", "max_completion_tokens", "add_generation_prompt", "messages"]
+CHAT_ONLY = ["logprobs", "top_logprobs", "max_completion_tokens", "add_generation_prompt", "messages", "tools",
+             "tool_choice", "parallel_tool_calls"]
+RESPONSES = ["input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "temperature",
+             "previous_response_id", "stream"]
 SEED = 20261129
 
 
@@ -40,6 +44,8 @@ def _cases(model: str) -> list[tuple[str, dict[str, Any]]]:
     chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     cases = [("/v1/completions", completion | {f: v}) for f in FIELDS + COMPLETION_ONLY for v in ODD]
     cases += [("/v1/chat/completions", chat | {f: v}) for f in CHAT_ONLY for v in ODD]
+    responses = {"model": model, "input": "hi", "max_output_tokens": 2}
+    cases += [("/v1/responses", responses | {f: v}) for f in RESPONSES for v in ODD]
     rng = random.Random(SEED)  # pairs of odd fields, half of them streamed
     for _ in range(150):
         path, base, extra = rng.choice([("/v1/completions", completion, COMPLETION_ONLY),
@@ -54,7 +60,8 @@ def test_no_body_gets_a_500_or_leaks_a_block(mesh: Mesh) -> None:
     failures = []
     for path, body in _cases(mesh.spec.model):
         status, text = _post(mesh.http_url + path, body)
-        streamed_error = status == 200 and body.get("stream") is True and '"error"' in text
+        marker = '"type":"error"' if path == "/v1/responses" else '"error"'  # a Response has "error": null
+        streamed_error = status == 200 and body.get("stream") is True and marker in text
         if status >= 500 or streamed_error:
             shown = {k: (v[:12] + "..." if isinstance(v, str) and len(v) > 12 else v) for k, v in body.items()}
             failures.append(f"{path} {shown} -> {status} {text[-200:]}")

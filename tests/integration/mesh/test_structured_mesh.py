@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import grpc
 import jsonschema
 import openai
 import pytest
@@ -117,6 +118,12 @@ def test_grpc_front_takes_the_same_constraint(client: Client) -> None:
     out = client.complete("a ticket:", max_tokens=200, temperature=0.7, seed=3,
                           structured_output={"json_schema": json.dumps(NESTED)})
     jsonschema.validate(json.loads(out.text), NESTED)
+    for bad, field in [({"regex": "[0-9"}, "structured_output.regex"), ({}, "structured_output"),
+                       ({"json_object": False}, "structured_output.json_object"),
+                       ({"choice": {"choices": []}}, "structured_output.choice")]:
+        with pytest.raises(grpc.RpcError) as err:
+            client.complete("x", max_tokens=4, structured_output=bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -191,3 +198,39 @@ def test_a_reasoning_parser_splits_thinking_from_the_answer(mesh: Mesh, tmp_path
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_responses_api_through_the_sdk(sdk: openai.OpenAI) -> None:
+    """``/v1/responses`` as the SDK calls it: text, a JSON schema, a required function call
+    and its output sent back, streamed and not; a stored response asked for is a 400."""
+    model = _model(sdk)
+    plain = sdk.responses.create(model=model, input="Say hi", max_output_tokens=8, temperature=0)
+    assert plain.status == "incomplete" and plain.output_text and plain.usage.output_tokens == 8  # type: ignore
+    fmt = {"format": {"type": "json_schema", "name": "ticket", "schema": NESTED, "strict": True}}
+    for stream in (False, True):
+        if stream:
+            with sdk.responses.stream(model=model, input="a ticket", text=fmt, max_output_tokens=200,  # type: ignore
+                                      temperature=1.0) as s:
+                deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+                done = s.get_final_response()
+            assert "".join(deltas) == done.output_text
+        else:
+            done = sdk.responses.create(model=model, input="a ticket", text=fmt, max_output_tokens=200,  # type: ignore
+                                        temperature=1.0)
+        assert done.status == "completed"
+        jsonschema.validate(json.loads(done.output_text), NESTED)
+    flat = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
+            for t in TOOLS]
+    called = sdk.responses.create(model=model, input="weather?", tools=flat, tool_choice="required",  # type: ignore
+                                  parallel_tool_calls=False, max_output_tokens=100, temperature=1.0)
+    calls = [item for item in called.output if item.type == "function_call"]
+    assert len(calls) == 1
+    jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
+    follow = sdk.responses.create(model=model, max_output_tokens=4, tools=flat, tool_choice="none",  # type: ignore
+                                  input=[{"role": "user", "content": "weather?"}, calls[0].model_dump(),
+                                         {"type": "function_call_output", "call_id": calls[0].call_id,
+                                          "output": "sunny"}])
+    assert follow.output_text and follow.usage.input_tokens > called.usage.input_tokens  # type: ignore
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.responses.create(model=model, input="x", previous_response_id="resp_123")
+    assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]

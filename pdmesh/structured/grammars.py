@@ -20,6 +20,7 @@ not on the engine's step thread, which only copies.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from typing import Any
 from pdmesh.errors import InvalidRequestError
 from pdmesh.structured.spec import FIELD, StructuredOutput
 
+log = logging.getLogger(__name__)
 MAX_COMPILED = 256
 """Compiled grammars kept per process (each a few kilobytes to a few megabytes)."""
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -143,16 +145,22 @@ class TokenGrammar:
     the right state from its tokens alone, so no grammar state crosses the wire.
     """
 
-    __slots__ = ("matcher", "consumed")
+    __slots__ = ("matcher", "consumed", "left")
 
     def __init__(self, matcher: Any) -> None:
         self.matcher = matcher
         self.consumed = 0
+        self.left = False
+        """Its tokens left the grammar (said once in the log)."""
 
     def catch_up(self, output_ids: Sequence[int]) -> None:
         if self.consumed < len(output_ids):
-            self.matcher.consume_tokens(list(output_ids[self.consumed:]))
+            ok = self.matcher.consume_tokens(list(output_ids[self.consumed:]))
             self.consumed = len(output_ids)
+            if not ok and not self.left:  # tokens the grammar never allowed (a resume's), a parser limit
+                self.left = True
+                log.warning("a sequence left its grammar after %d tokens; it may only end now: %s",
+                            len(output_ids), _summary(self.matcher.get_error()))
 
     def fill_mask(self, row: Any, drafts: Sequence[int] = ()) -> None:
         """Write the allowed next tokens as bits into ``row`` (an int32 CPU tensor of

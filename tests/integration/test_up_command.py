@@ -74,9 +74,15 @@ def start_up(root: Path, env: dict[str, str], *flags: str) -> Up:
 
 
 def stop(up: Up) -> None:
+    """SIGTERM, as a user stops it (it drains and stops every process, Redis included);
+    killed only if it has not stopped within a minute."""
     if up.popen.poll() is None:
-        up.popen.kill()
-        up.popen.wait(30)
+        up.popen.send_signal(signal.SIGTERM)
+        try:
+            up.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            up.popen.kill()
+            up.popen.wait(30)
 
 
 @pytest.fixture(scope="module")

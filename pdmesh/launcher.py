@@ -8,7 +8,6 @@ grace period, so nothing outlives the mesh.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -16,11 +15,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pdmesh.attention.build_lock import BUILD_MARK_ENV
 from pdmesh.engine.core_share import create_share_file
@@ -30,38 +27,13 @@ from pdmesh.mesh_spec import (
     COLOCATED_PREFILL_BUSY_TOKENS,
     MeshSpec,
 )
-from pdmesh.rpc.process import PARENT_ENV
+from pdmesh.rpc.process import PARENT_ENV, ends_with_this_thread
 from pdmesh.rpc.tls import TLSFiles
 from pdmesh.start_watch import Proc, StartWatch
 from pdmesh.startup import PHASE_FILE_ENV
 
 __all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc",
            "free_port"]
-
-
-_PR_SET_PDEATHSIG = 1
-"""prctl(2): the signal a child gets when the thread that forked it ends."""
-
-
-def _ends_with_this_thread() -> Any:
-    """For a child that is not ours (redis-server): SIGTERM it when the thread starting it
-    ends (Linux's PR_SET_PDEATHSIG), so a launcher killed outright (SIGKILL, a test
-    runner's timeout) leaves no Redis behind, as our own services end by watching their
-    parent (``exit_with_parent``). Only from the main thread, which lives as long as the
-    process: from another, the child would die with that thread. None where prctl is not
-    there (not Linux): the child then outlives a killed launcher."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_death_signal() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-    return set_death_signal
 
 
 def redis_server_binary() -> str:
@@ -146,7 +118,7 @@ class Mesh:
         popen = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
              "--save", "", "--appendonly", "no", "--protected-mode", "no"],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ends_with_this_thread(),
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=ends_with_this_thread(),
         )
         self.redis = Proc("redis", popen, f"127.0.0.1:{self.redis_port}")
         deadline = time.monotonic() + 10

@@ -28,8 +28,9 @@ from pdmesh.engine.kv_sizing import (
 )
 from pdmesh.engine.model_runner import CudaGraphSizes, ModelRunner, StepResult
 from pdmesh.engine.output import RequestState
+from pdmesh.engine.prompt_logprobs import record_prompt_logprobs
 from pdmesh.engine.resume import Resume
-from pdmesh.engine.sampler import Sampler, token_logprob
+from pdmesh.engine.sampler import Sampler
 from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.engine.spec.speculator import Verified, build_speculator
 from pdmesh.engine.step_cost import TokenCost
@@ -250,7 +251,7 @@ class LLMEngine:
                 if state.metrics.first_scheduled_time is None:
                     state.metrics.first_scheduled_time = now
             if result.prompt_rows:
-                self._record_prompt_logprobs(result)
+                record_prompt_logprobs(result)
             rows, seqs, drafts = expand_forks(result, lambda seq: fork_siblings(
                 self._requests[seq.request_id], seq, self.tokenizer, self.config.device, self.kv, self.scheduler))
             logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
@@ -267,18 +268,6 @@ class LLMEngine:
             if out is not None:
                 outputs.append(out)
         return outputs
-
-    def _record_prompt_logprobs(self, result: StepResult) -> None:
-        """Each prompt row's log-softmax at the prompt token it predicts (the top-N with it)."""
-        assert result.prompt_logits is not None
-        logprobs = torch.log_softmax(result.prompt_logits.float(), dim=-1)
-        row = 0
-        for seq, first, count in result.prompt_rows:
-            top = seq.params.prompt_logprobs or 0
-            for i in range(count):
-                token = seq.token_ids[first + i + 1]
-                seq.prompt_logprobs.append(token_logprob(logprobs[row + i], token, top))
-            row += count
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> list[Verified]:
         if self.speculator is not None and any(drafts):

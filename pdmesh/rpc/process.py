@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -106,6 +107,31 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="pdmesh-parent-watch", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a child gets when the thread that forked it ends."""
+
+
+def ends_with_this_thread() -> Any:
+    """For a child that is not ours (redis-server): SIGTERM it when the thread starting it
+    ends (Linux's PR_SET_PDEATHSIG), so a launcher killed outright (SIGKILL, a test
+    runner's timeout) leaves no Redis behind, as our own services end by watching their
+    parent (``exit_with_parent``). Only from the main thread, which lives as long as the
+    process: from another, the child would die with that thread. None where prctl is not
+    there (not Linux): the child then outlives a killed launcher."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    return set_death_signal
 
 
 def freeze_startup_objects() -> int:

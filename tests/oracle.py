@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
-"""Every family make-tiny draws: the dense ones, and four mixtures of experts."""
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gemma2", "gemma3")
+"""Every family make-tiny draws: the dense ones, four mixtures of experts, and Gemma 2/3
+(sliding-window layers)."""
 MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
 
 

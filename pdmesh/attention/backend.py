@@ -31,15 +31,18 @@ class PrefillSeq:
     block_ids: torch.Tensor
     """The blocks holding the context, in order (long)."""
 
-    def mask(self) -> torch.Tensor | None:
-        """Boolean causal mask (q_len, ctx_len) when the chunk sits on a prefix; None =
-        plain causal. Built on demand: only the torch backend's prefill reads it."""
+    def mask(self, window: int | None = None) -> torch.Tensor | None:
+        """Boolean causal mask (q_len, ctx_len), within the last ``window`` positions of
+        each query when given, for a chunk that sits on a prefix or slides; None = plain
+        causal. Built on demand: only the torch backend's prefill reads it."""
         start = self.ctx_len - self.q_len
-        if not start:
+        if not start and (window is None or window >= self.q_len):
             return None
         dev = self.block_ids.device
         q_pos = torch.arange(start, self.ctx_len, device=dev)[:, None]
-        return torch.arange(self.ctx_len, device=dev)[None, :] <= q_pos
+        k_pos = torch.arange(self.ctx_len, device=dev)[None, :]
+        causal = k_pos <= q_pos
+        return causal if window is None else causal & (k_pos > q_pos - window)
 
 
 @dataclass(slots=True)
@@ -59,6 +62,9 @@ class AttentionMetadata:
     ~1 ms a step at batch 64 that it would pay for nothing)."""
     decode_seq_lens: torch.Tensor | None = None
     """(num_decodes,) int64: context length of each decode token, itself included."""
+    window_biases: dict[int, torch.Tensor] | None = None
+    """``decode_bias`` of each sliding window: -inf also before the window's first key;
+    built by the first sliding layer of a backend that needs it."""
     prefills: tuple[PrefillSeq, ...] = ()
     prefill_tables: torch.Tensor | None = None
     """(len(prefills), max_blocks) int64: each prefill's ``block_ids``, padded with 0."""
@@ -97,6 +103,12 @@ class AttentionBackend(Protocol):
         kv_layer: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention output [T, heads, head_dim] for the flattened queries ``q``."""
+        """Attention output [T, heads, head_dim] for the flattened queries ``q``: each over
+        its sequence's whole context, or its last ``window`` positions; scores soft-capped
+        (``softcap * tanh(s / softcap)``) when ``softcap`` is given; with ``sinks`` ([heads]),
+        each head's softmax also counts its sink logit, which attends to no value."""
         ...

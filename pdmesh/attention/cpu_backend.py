@@ -6,7 +6,10 @@ straight over the block tables instead of gathering and permuting every context 
 layer, which the profile showed to cost more than the attention math itself
 (docs/performance.md, section 10); float32 prefill chunks likewise read their cached
 prefix where it lies, all of a step's chunks in one call (``paged_prefill.cpp``, section
-18). Other dtypes and head sizes prefill through the torch backend's SDPA calls.
+18). Other dtypes and head sizes prefill through the torch backend's SDPA calls, as do
+sliding-window and soft-capped layers (the decode kernel reads only a sliding layer's
+window, and caps scores itself); layers with attention sinks attend through the torch
+backend in decode too.
 """
 
 from __future__ import annotations
@@ -42,12 +45,15 @@ class CPUAttentionBackend(TorchAttentionBackend):
         self.kernels.write_kv_(kv_layer, k, v, meta.slot_blocks, meta.slot_offsets)
 
     def _decode(
-        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if sinks is not None:
+            return super()._decode(q, kv_layer, meta, scale, window, softcap, sinks)
         if meta.decode_block_tables is None or meta.decode_seq_lens is None:
             raise RuntimeError("decode tokens scheduled without decode block tables")
         return self.kernels.paged_decode(q.contiguous(), kv_layer, meta.decode_block_tables,
-                                          meta.decode_seq_lens, scale)
+                                          meta.decode_seq_lens, scale, window or 0, softcap or 0.0)
 
     def _prefill(
         self,
@@ -58,9 +64,12 @@ class CPUAttentionBackend(TorchAttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        if not self.prefill_kernel_takes(q, kv_layer):
-            super()._prefill(q, k, v, kv_layer, meta, scale, out)
+        if window is not None or softcap is not None or sinks is not None or not self.prefill_kernel_takes(q, kv_layer):
+            super()._prefill(q, k, v, kv_layer, meta, scale, out, window, softcap, sinks)
             return
         if meta.prefill_tables is None or meta.prefill_spans is None:
             raise RuntimeError("prefill chunks scheduled without prefill tables")

@@ -59,8 +59,15 @@ class FlashInferBackend:
     wants_paged_index = True
     """The model runner builds ``AttentionMetadata.paged`` for this backend."""
 
-    def __init__(self, device: str | torch.device, dtype: torch.dtype, head_dim: int) -> None:
+    def __init__(self, device: str | torch.device, dtype: torch.dtype, head_dim: int,
+                 variants: tuple[str, ...] = ()) -> None:
         dev = torch.device(device)
+        if variants:  # flashinfer plans them (window_left, logits_soft_cap); pdmesh does not yet, per layer
+            raise InvalidRequestError(
+                "attention_backend",
+                f"'flashinfer' in pdmesh plans full attention only, and this model's layers use "
+                f"{' and '.join(variants)}; use --attention-backend torch",
+            )
         if dev.type != "cuda":
             raise InvalidRequestError("attention_backend", f"'flashinfer' runs on CUDA devices, not {dev}")
         if dtype not in HALF_DTYPES:
@@ -104,7 +111,12 @@ class FlashInferBackend:
         kv_layer: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if window is not None or softcap is not None or sinks is not None:
+            raise RuntimeError("the flashinfer backend was built for a model of full, uncapped attention")
         wrapper = meta.attn_plan
         if wrapper is None:  # the step's first layer plans for all of them
             if meta.paged is None:

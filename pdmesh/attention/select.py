@@ -21,19 +21,19 @@ from pdmesh.errors import InvalidRequestError
 log = logging.getLogger(__name__)
 
 
-def _cpu(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+def _cpu(device: str, dtype: torch.dtype, head_dim: int, variants: tuple[str, ...]) -> AttentionBackend:
     from pdmesh.attention.cpu_backend import CPUAttentionBackend
 
     return CPUAttentionBackend(device)
 
 
-def _flashinfer(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+def _flashinfer(device: str, dtype: torch.dtype, head_dim: int, variants: tuple[str, ...]) -> AttentionBackend:
     from pdmesh.attention.flashinfer_backend import FlashInferBackend
 
-    return FlashInferBackend(device, dtype, head_dim)
+    return FlashInferBackend(device, dtype, head_dim, variants)
 
 
-def _torch(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+def _torch(device: str, dtype: torch.dtype, head_dim: int, variants: tuple[str, ...]) -> AttentionBackend:
     return TorchAttentionBackend(device)
 
 
@@ -41,24 +41,26 @@ BACKENDS = {"torch": _torch, "cpu": _cpu, "flashinfer": _flashinfer}
 """Every backend pdmesh ships."""
 
 
-def build_backend(name: str, device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
-    """``name`` is a key of ``BACKENDS`` or "auto" (the best one for ``device``, ``dtype``
-    and the model's ``head_dim``)."""
+def build_backend(name: str, device: str, dtype: torch.dtype, head_dim: int,
+                  variants: tuple[str, ...] = ()) -> AttentionBackend:
+    """``name`` is a key of ``BACKENDS`` or "auto" (the best one for ``device``, ``dtype``,
+    the model's ``head_dim`` and the attention ``variants`` its layers use:
+    ``ModelConfig.attention_variants``)."""
     if name == "auto":
-        return _auto(device, dtype, head_dim)
+        return _auto(device, dtype, head_dim, variants)
     make = BACKENDS.get(name)
     if make is None:
         raise InvalidRequestError(
             "attention_backend", f"{name!r} is not available; choose one of {sorted(BACKENDS)} or 'auto'"
         )
-    return make(device, dtype, head_dim)
+    return make(device, dtype, head_dim, variants)
 
 
-def _auto(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+def _auto(device: str, dtype: torch.dtype, head_dim: int, variants: tuple[str, ...]) -> AttentionBackend:
     kind = torch.device(device).type
     if kind == "cuda":
-        try:  # FlashInferBackend says what it cannot compute (dtype, head size, package)
-            return _flashinfer(device, dtype, head_dim)
+        try:  # FlashInferBackend says what it cannot compute (dtype, head size, variants, package)
+            return _flashinfer(device, dtype, head_dim, variants)
         except InvalidRequestError as exc:
             log.warning("attention: %s; using the torch backend (gathers every context per layer)", exc.message)
             return TorchAttentionBackend(device)
@@ -67,7 +69,7 @@ def _auto(device: str, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
     from pdmesh.attention.cpu_kernels import KernelsUnavailableError
 
     try:
-        return _cpu(device, dtype, head_dim)
+        return _cpu(device, dtype, head_dim, variants)
     except KernelsUnavailableError as exc:
         log.warning("attention: %s; using the torch backend (slower decode)", exc)
         return TorchAttentionBackend(device)

@@ -3,7 +3,9 @@
 Decode tokens are attended with two batched matmuls over their gathered, padded contexts;
 each prefill chunk gets its own call. A prefill without a cached prefix attends to the
 chunk's own K/V with ``is_causal`` — the same call Hugging Face makes, which keeps greedy
-tokens identical in float32.
+tokens identical in float32. A sliding layer masks keys before its window; soft-capped
+scores (Gemma 2) and attention sinks (gpt-oss) take transformers' eager formulation, which
+SDPA cannot express.
 """
 
 from __future__ import annotations
@@ -44,15 +46,18 @@ class TorchAttentionBackend:
         kv_layer: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Contiguous whatever q's layout (a transposed linear product hands over strided
         # rows): the fused kernels write rows of it in place.
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         if nd:
-            out[:nd] = self._decode(q[:nd], kv_layer, meta, scale)
+            out[:nd] = self._decode(q[:nd], kv_layer, meta, scale, window, softcap, sinks)
         if meta.prefills:
-            self._prefill(q, k, v, kv_layer, meta, scale, out)
+            self._prefill(q, k, v, kv_layer, meta, scale, out, window, softcap, sinks)
         return out
 
     def _prefill(
@@ -64,25 +69,32 @@ class TorchAttentionBackend:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Every prefill chunk's rows of ``out``: one SDPA call per chunk."""
         for p in meta.prefills:
             qs = _rows(q, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
-            mask = p.mask()
-            if mask is None:
+            mask = p.mask(window)
+            if p.ctx_len == p.q_len:  # no cached prefix: the chunk's own keys
                 ks = _rows(k, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
                 vs = _rows(v, p.q_start, p.q_len).transpose(0, 1).unsqueeze(0)
             else:
                 ks = _gather(kv_layer[:, 0], p.block_ids, p.ctx_len).unsqueeze(0)
                 vs = _gather(kv_layer[:, 1], p.block_ids, p.ctx_len).unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
-                enable_gqa=qs.shape[1] != ks.shape[1],
-            )
+            if softcap is not None or sinks is not None:
+                o = _eager_attention(qs, ks, vs, mask, scale, softcap, sinks)
+            else:
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
+                    enable_gqa=qs.shape[1] != ks.shape[1],
+                )
             out[p.q_start : p.q_start + p.q_len] = o.squeeze(0).transpose(0, 1)
 
     def _decode(
-        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float,
+        window: int | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # Batched decode as two matmuls over gathered, head-major contexts. The gathers
         # write into persistent workspaces: fresh multi-MB temporaries every layer cost
@@ -96,12 +108,19 @@ class TorchAttentionBackend:
             keys = torch.arange(nblk * bs, device=lens.device)
             meta.decode_bias = torch.zeros((b, 1, 1, nblk * bs), device=lens.device).masked_fill_(
                 (keys[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
+        bias = meta.decode_bias if window is None else _window_bias(meta, lens, nblk * bs, window)
         group = q.shape[1] // hkv
         flat = tables.view(-1)
         keys = self._head_major(kv_layer[:, 0], flat, b, nblk, "k")
         scores = torch.matmul(q.view(b, hkv, group, d), keys.transpose(-1, -2))
-        scores = scores.float().mul_(scale).add_(meta.decode_bias)
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        scores = scores.float().mul_(scale)
+        if softcap is not None:
+            scores.div_(softcap).tanh_().mul_(softcap)
+        scores.add_(bias)
+        if sinks is not None:
+            probs = _with_sinks(scores, sinks.float().view(1, hkv, group, 1)).to(q.dtype)
+        else:
+            probs = torch.softmax(scores, dim=-1).to(q.dtype)
         values = self._head_major(kv_layer[:, 1], flat, b, nblk, "v")
         return torch.matmul(probs, values).view(b, hkv * group, d)
 
@@ -131,6 +150,50 @@ def write_kv_slots(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, met
     two indexed assignments, which a CUDA graph captures as they are."""
     kv_layer[:, 0][meta.slot_blocks, meta.slot_offsets] = k
     kv_layer[:, 1][meta.slot_blocks, meta.slot_offsets] = v
+
+
+def _window_bias(meta: AttentionMetadata, lens: torch.Tensor, keys: int, window: int) -> torch.Tensor:
+    """``meta.decode_bias`` that also masks the keys before each token's last ``window``
+    positions; once per step and window, shared by the layers of that window."""
+    if meta.window_biases is None:
+        meta.window_biases = {}
+    bias = meta.window_biases.get(window)
+    if bias is None:
+        pos = torch.arange(keys, device=lens.device)[None, :]
+        outside = (pos >= lens[:, None]) | (pos < lens[:, None] - window)
+        bias = torch.zeros((lens.shape[0], 1, 1, keys), device=lens.device).masked_fill_(
+            outside[:, None, None, :], float("-inf"))
+        meta.window_biases[window] = bias
+    return bias
+
+
+def _eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                     softcap: float | None, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Attention in transformers' eager order (scale, cap, mask, sinks, float32 softmax) for
+    what SDPA cannot express; q [1, H, q, D], k and v [1, H_kv, ctx, D], ``mask`` boolean
+    or None for plain causal."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril_()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        probs = _with_sinks(scores, sinks.view(1, -1, 1, 1).to(scores.dtype)).to(q.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+def _with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax over each row's scores and its head's sink logit (``sinks`` broadcast to the
+    rows), the sink's share dropped: as gpt-oss computes it."""
+    both = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1)
+    both = both - both.max(dim=-1, keepdim=True).values
+    return torch.softmax(both, dim=-1, dtype=both.dtype)[..., :-1]
 
 
 def _rows(x: torch.Tensor, start: int, length: int) -> torch.Tensor:

@@ -73,7 +73,8 @@ class LLMEngine:
         graphs = CudaGraphSizes(config.scheduler.max_num_seqs, self.max_model_len) if config.cuda_graphs else None
         self.runner = ModelRunner(
             model, cfg, dtype, num_blocks, cc.block_size, self.kv,
-            build_backend(config.attention_backend, config.device, dtype, cfg.head_dim), config.device, graphs,
+            build_backend(config.attention_backend, config.device, dtype, cfg.head_dim, cfg.attention_variants),
+            config.device, graphs,
         )  # measures the linear plan (``use_linear_plan``) or captures the CUDA graphs
         if config.probe_threads and config.num_threads:
             torch.set_num_threads(config.num_threads)  # probed: back to the engine's own

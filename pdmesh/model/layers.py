@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from pdmesh.model import onednn
-from pdmesh.model.config import RopeConfig
 from pdmesh.model.linear_plan import LinearPlan, Product
+from pdmesh.model.rope_config import RopeConfig
 
 DEFAULT_PLAN = LinearPlan()
 """Each row range's product without a measurement (``linear_plan.DEFAULT_PRODUCTS``)."""
@@ -90,10 +90,13 @@ class Linear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.offset = offset
+        """What the checkpoint's weight lacks (Gemma stores w for a scale of 1 + w); the
+        loader adds it to ``weight`` once (``LlamaForCausalLM.load_weights``)."""
         self.kernels: ModuleType | None = None
         """The CPU kernels (``pdmesh.attention.cpu_kernels``) when the engine runs them:
         float32 rows are then normalised in one pass instead of five."""
@@ -114,6 +117,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     )
     if rope.rope_type == "linear":
         return inv / rope.factor
+    if rope.rope_type == "yarn":
+        return yarn_inv_freq(rope, head_dim)
     if rope.rope_type != "llama3":
         return inv
     old_len = rope.original_max_position_embeddings
@@ -127,6 +132,28 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def yarn_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """YaRN's inverse frequencies, in transformers' operation order: the fast-turning
+    dimensions keep their own, the slow ones are divided by ``factor``, a linear ramp
+    between the dimensions where they turn ``beta_fast`` and ``beta_slow`` times over the
+    original context."""
+    def dim_of(turns: float) -> float:
+        return (head_dim * math.log(rope.original_max_position_embeddings / (turns * 2 * math.pi))) / (
+            2 * math.log(rope.theta))
+
+    low, high = dim_of(rope.beta_fast), dim_of(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no zero-width ramp
+    pos_freqs = rope.theta ** (torch.arange(0, head_dim, 2).to(dtype=torch.float) / head_dim)
+    extrapolated, interpolated = 1.0 / pos_freqs, 1.0 / (rope.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolated * (1 - keep) + extrapolated * keep
 
 
 def longrope_inv_freq(rope: RopeConfig, head_dim: int, long: bool) -> torch.Tensor:
@@ -157,7 +184,7 @@ class RotaryEmbedding(nn.Module):
         else:
             freqs = positions * rope_inv_freq(rope, head_dim)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        scale = rope.attention_factor if rope.rope_type == "longrope" else 1.0
+        scale = rope.attention_factor if rope.rope_type in ("longrope", "yarn") else 1.0
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
@@ -189,7 +216,7 @@ def apply_rope_(kernels: ModuleType | None, x: torch.Tensor, cos: torch.Tensor, 
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)).
+    """down(act(gate(x)) * up(x)), ``act`` SiLU or (Gemma) GELU's tanh approximation.
 
     gate and up are two weights (as checkpoints store them) and, where oneDNN's product
     serves, one packed weight with gate's rows then up's (``gate_up``): one product per
@@ -198,8 +225,12 @@ class GatedMLP(nn.Module):
     nothing at decode batch sizes and cost ~10% in prefill, so the other paths keep two.
     """
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool, activation: str = "silu") -> None:
         super().__init__()
+        if activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+        self.silu = activation == "silu"
+        """SiLU, which the CPU kernels fuse with the product; else GELU (tanh) in torch ops."""
         self.gate = Linear(hidden, intermediate, bias=bias)
         self.up = Linear(hidden, intermediate, bias=bias)
         self.down = Linear(intermediate, hidden, bias=bias)
@@ -227,15 +258,19 @@ class GatedMLP(nn.Module):
             out = self._fused(flat) if flat.shape[0] <= rows else torch.cat([self._fused(p) for p in flat.split(rows)])
             return out.reshape(*x.shape[:-1], out.shape[-1])
         gate, up = self.gate(x), self.up(x)
-        if self.kernels is not None and gate.dtype == torch.float32 and gate.stride() == up.stride():
+        if self.silu and self.kernels is not None and gate.dtype == torch.float32 and gate.stride() == up.stride():
             self.kernels.silu_mul_(gate, up)  # one pass, in place
             return self.down(gate)
-        # silu into a fresh tensor, then multiply in place: one large temporary, not two.
-        return self.down(nn.functional.silu(gate).mul_(up))
+        return self.down(self._act(gate).mul_(up))
 
     def _fused(self, x: torch.Tensor) -> torch.Tensor:
         both = onednn.product(x, self.gate_up, self.gate_up_bias)  # type: ignore[arg-type]
-        if self.kernels is not None:
+        if self.silu and self.kernels is not None:
             return self.down(self.kernels.silu_mul_halves(both))
         gate, up = both.chunk(2, dim=-1)
-        return self.down(nn.functional.silu(gate).mul_(up))
+        return self.down(self._act(gate).mul_(up))
+
+    def _act(self, gate: torch.Tensor) -> torch.Tensor:
+        """The activation into a fresh tensor, which the caller multiplies in place: one
+        large temporary, not two."""
+        return nn.functional.silu(gate) if self.silu else nn.functional.gelu(gate, approximate="tanh")

@@ -1,6 +1,8 @@
 """The decoder every served family shares (``model/config.py``: Llama 2/3, Mistral,
-Qwen2/3, Phi-3, and the mixture-of-experts Qwen2/3-MoE, Mixtral, OLMoE) over a paged KV
-cache; a family is its config's switches plus its checkpoint names (``model/weights.py``).
+Qwen2/3, Phi-3, Gemma 2/3, and the mixture-of-experts Qwen2/3-MoE, Mixtral, OLMoE) over a
+paged KV cache; a family is its config's switches plus its checkpoint names
+(``model/weights.py``). Each layer attends as its ``LayerAttention`` says (full or a
+sliding window, soft-capped scores), the backend applying it.
 
 Inputs are flattened across the batch ([T] token ids and positions); the attention backend
 writes each layer's K/V into the paged pool and attends over every sequence's context.
@@ -38,21 +40,24 @@ from pdmesh.model.weights import IndexKey, index_key, missing_parts, weight_writ
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
+        self.kind = cfg.layer_attention[index]
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
+        self.scale = cfg.scale
         self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.whole_norm = cfg.qk_norm_whole
         q_dim, k_dim = (self.q_size, self.kv_size) if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
-        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.qk_norm else None
         self.clip = cfg.clip_qkv
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
+        """Each head's sink logit (gpt-oss)."""
         self.kernels: ModuleType | None = None
         """The CPU kernels when the engine runs them (``LlamaForCausalLM.use_kernels``)."""
 
@@ -86,25 +91,32 @@ class Attention(nn.Module):
         if last is not None:
             q, k, v, meta = q[last.rows], k[last.rows], v[last.rows], last.meta
             t = q.shape[0]
-        out = backend.attend(q, k, v, kv_layer, meta, self.scale)
+        out = backend.attend(q, k, v, kv_layer, meta, self.scale, self.kind.window, self.kind.softcap, self.sinks)
         return self.o(out.reshape(t, self.q_size))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        hidden, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
+        self.input_norm = RMSNorm(hidden, eps, offset)
+        self.attn = Attention(cfg, index)
+        self.post_attn_norm = RMSNorm(hidden, eps, offset)
+        """The MLP's input norm."""
+        self.attn_out_norm = RMSNorm(hidden, eps, offset) if cfg.sandwich_norms else None
+        self.mlp_out_norm = RMSNorm(hidden, eps, offset) if cfg.sandwich_norms else None
         self.mlp: GatedMLP | SparseMoE = (
             SparseMoE(cfg.hidden_size, cfg.moe) if cfg.moe is not None and cfg.moe.is_sparse(index)
-            else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias))
+            else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation))
 
     def forward(self, h, cos, sin, kv_layer, meta, backend, last=None):  # type: ignore[no-untyped-def]
         """The next hidden states of every row, or of ``last.rows`` alone."""
         a = self.attn(self.input_norm(h), cos, sin, kv_layer, meta, backend, last)
+        if self.attn_out_norm is not None:
+            a = self.attn_out_norm(a)
         h = (h if last is None else h[last.rows]) + a
-        return h + self.mlp(self.post_attn_norm(h))
+        m = self.mlp(self.post_attn_norm(h))
+        return h + (m if self.mlp_out_norm is None else self.mlp_out_norm(m))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -113,8 +125,10 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions)
+        self.local_rotary = RotaryEmbedding(cfg.local_rope, cfg.head_dim, max_positions) if cfg.local_rope else None
+        """The table of the layers marked ``local_rope`` (Gemma 3's sliding ones)."""
         self.lm_head = (
             None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         )
@@ -201,12 +215,26 @@ class LlamaForCausalLM(nn.Module):
         """Float32 logits [len(logits_indices), vocab] for the sampling rows; with ``last``
         (the same rows' share of the step), the last layer computes only its rows."""
         h = self.embed(input_ids)
-        cos, sin = self.rotary(positions, h.dtype)
+        if self.cfg.embed_scale is not None:
+            h = h * torch.tensor(self.cfg.embed_scale, dtype=h.dtype)  # rounded to the dtype, as Gemma's
+        tables = self.rotary(positions, h.dtype)
+        local = self.local_rotary(positions, h.dtype) if self.local_rotary is not None else tables
         final = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
+            cos, sin = local if layer.attn.kind.local_rope else tables
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend, last if i == final else None)
         h = self.norm(h[logits_indices if last is None else last.logits_indices])
-        return linear(h, self._head_weight(), None, self.few_rows, self.head_packed, self.plan).float()
+        logits = linear(h, self._head_weight(), None, self.few_rows, self.head_packed, self.plan)
+        if (cap := self.cfg.final_softcap) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+    def build_rotary(self, max_positions: int) -> None:
+        """(Re)build the rotary tables in float32, as transformers keeps them (each use casts
+        them): after ``.to(dtype)``, which would round them."""
+        self.rotary = RotaryEmbedding(self.cfg.rope, self.cfg.head_dim, max_positions)
+        if self.cfg.local_rope is not None:
+            self.local_rotary = RotaryEmbedding(self.cfg.local_rope, self.cfg.head_dim, max_positions)
 
     # -- weights ----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -224,13 +252,19 @@ class LlamaForCausalLM(nn.Module):
                 if w.param not in params:
                     raise UnsupportedModelError(f"weight {name!r} has no place in the {self.cfg.family} model")
                 dest = params[w.param][w.dest] if w.dest else params[w.param]
-                _copy(dest, tensor[w.src] if w.src else tensor, name)
+                part = tensor[w.src] if w.src else tensor
+                _copy(dest, w.fn(part) if w.fn is not None else part, name)
                 written[w.param] += dest.numel()
                 parts.setdefault(w.param, set()).add(index_key(w.dest))
         missing = sorted(n for n, p in params.items() if written[n] < p.numel())
         if missing:
             named = [missing_parts(n, parts.get(n, set()), self.cfg) for n in missing]
             raise UnsupportedModelError(f"weights missing from the checkpoint: {', '.join(named)}")
+        if self.cfg.norm_offset:  # Gemma's norms scale by 1 + weight: fold the 1 in once
+            with torch.no_grad():
+                for m in self.modules():
+                    if isinstance(m, RMSNorm):
+                        m.weight.add_(m.offset)
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:

@@ -12,7 +12,6 @@ from safetensors import safe_open
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.kv.layout import resolve_dtype_name
 from pdmesh.model.config import ModelConfig
-from pdmesh.model.layers import RotaryEmbedding
 from pdmesh.model.llama import LlamaForCausalLM
 from pdmesh.startup import set_phase
 
@@ -55,9 +54,8 @@ def load_model(
     with torch.device(device):
         model = LlamaForCausalLM(cfg, max_positions or cfg.max_position_embeddings)
     model.to(dtype=torch_dtype)
-    # RoPE tables stay float32, as in HF, and are cast per use: rebuild them after .to().
     with torch.device(device):
-        model.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim, max_positions or cfg.max_position_embeddings)
+        model.build_rotary(max_positions or cfg.max_position_embeddings)
     model.load_weights(iter_weights(path))
     model.eval()
     return model, cfg, torch_dtype

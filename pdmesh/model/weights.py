@@ -10,7 +10,10 @@ naming it instead of serving from uninitialised memory.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from pdmesh.model.config import ModelConfig
 
@@ -25,6 +28,8 @@ class Write:
     """Where in the parameter (``()``: all of it)."""
     src: Index = ()
     """Which part of the checkpoint tensor (``()``: all of it)."""
+    fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Rearranges that part into pdmesh's layout (gpt-oss's experts)."""
 
 
 _DENSE = {
@@ -38,6 +43,12 @@ _DENSE = {
     "post_attention_layernorm": "post_attn_norm",
     "self_attn.qkv_proj": "attn.qkv",  # Phi-3 stores q, k and v fused, in pdmesh's order
 }
+_SANDWICH = {
+    "post_attention_layernorm": "attn_out_norm",  # Gemma: on the attention's output
+    "pre_feedforward_layernorm": "post_attn_norm",  # the MLP's input norm, as Llama's post-attention one
+    "post_feedforward_layernorm": "mlp_out_norm",
+}
+"""Gemma 2/3's four norms a layer (``ModelConfig.sandwich_norms``)."""
 _MOE = {
     "mlp.gate": "mlp.router.gate",  # Qwen2/3-MoE, OLMoE
     "block_sparse_moe.gate": "mlp.router.gate",  # Mixtral
@@ -45,9 +56,22 @@ _MOE = {
     "mlp.shared_expert.up_proj": "mlp.shared.up",
     "mlp.shared_expert.down_proj": "mlp.shared.down",
     "mlp.shared_expert_gate": "mlp.shared_gate",
+    "mlp.router": "mlp.router.gate",  # gpt-oss
 }
 _EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)$")
 _EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+def _halves(t: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's gate and up columns, interleaved (g0 u0 g1 u1 ...), as gate's then up's."""
+    return torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)
+
+
+_GPT_OSS_EXPERTS: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    "gate_up_proj": ("gate_up", lambda t: _halves(t).transpose(1, 2)),  # [E, H, 2I] -> [E, 2I, H]
+    "gate_up_proj_bias": ("gate_up_bias", _halves),
+    "down_proj": ("down", lambda t: t.transpose(1, 2)),  # [E, I, H] -> [E, H, I]
+    "down_proj_bias": ("down_bias", lambda t: t),
+}
+"""gpt-oss's stacked experts (inputs on the rows), into pdmesh's [E, out, in] layout."""
 _STACKED = {"mlp.experts.gate_up_proj": "mlp.experts.gate_up", "mlp.experts.down_proj": "mlp.experts.down"}
 """Experts already stacked, as transformers 5 keeps them in memory."""
 
@@ -81,11 +105,16 @@ def weight_writes(name: str, cfg: ModelConfig) -> list[Write] | None:
             return [Write(f"{at}mlp.experts.down", (e,))]
         span = slice(0, width) if part == "gate" else slice(width, 2 * width)
         return [Write(f"{at}mlp.experts.gate_up", (e, span))]
+    if module == "self_attn" and leaf == "sinks":  # gpt-oss
+        return [Write(f"{at}attn.sinks")]
+    if cfg.family == "gpt_oss" and module == "mlp.experts" and leaf in _GPT_OSS_EXPERTS:
+        param, fn = _GPT_OSS_EXPERTS[leaf]
+        return [Write(f"{at}mlp.experts.{param}", fn=fn)]
     if f"{module}.{leaf}" in _STACKED:
         return [Write(f"{at}{_STACKED[f'{module}.{leaf}']}")]
     if module == "mlp.gate" and leaf == "e_score_correction_bias":  # DeepSeek-V3's router
         return [Write(f"{at}mlp.router.e_score_correction_bias")]
-    target = _MOE.get(module) if cfg.moe is not None else None
+    target = _MOE.get(module) if cfg.moe is not None else _SANDWICH.get(module) if cfg.sandwich_norms else None
     return [Write(f"{at}{target or _DENSE.get(module, module)}.{leaf}")]
 
 

@@ -1,5 +1,5 @@
-"""The newer families ``make-tiny`` draws (Phi-3 and the mixtures of experts): their
-config fields and checkpoint tensor names, as each family's own folders write them."""
+"""The newer families ``make-tiny`` draws (Phi-3, Gemma 2/3 and the mixtures of experts):
+their config fields and checkpoint tensor names, as each family's own folders write them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import torch
 from pdmesh.tools import TINY_ARCHS
 
 MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+GEMMA_ARCHS = ("gemma2", "gemma3")
+TINY_WINDOW = 24
+"""The Gemma archs' sliding window: short, so that tests' prompts run past it several times
+over, and not a multiple of a block."""
 
 
 def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers: int, experts: int, top_k: int,
@@ -46,7 +50,29 @@ def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers
         return {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "tie_word_embeddings": False,
                 "rope_theta": 10000.0, "num_experts": experts, "intermediate_size": expert_intermediate,
                 "norm_topk_prob": False, "clip_qkv": 2.0, "attention_bias": False, **moe}
+    if arch in GEMMA_ARCHS:
+        return gemma_config(arch, hidden, heads, layers)
     raise ValueError(f"arch must be one of {', '.join(TINY_ARCHS)}, got {arch!r}")
+
+
+def gemma_config(arch: str, hidden: int, heads: int, layers: int) -> dict[str, object]:
+    """Gemma 2 (alternating local and global layers, soft-capped scores and logits) and
+    Gemma 3 (five local layers per global one, or alternating in a 2-layer model; q/k
+    norms; a local rotary table and linear scaling on the global one), as transformers 5
+    saves them. The caps are lower than Gemma 2's (50 and 30) so that random weights reach
+    them."""
+    head_dim = 2 * hidden // heads
+    every = 2 if arch == "gemma2" or layers < 6 else 6
+    common = {"architectures": [f"{arch.capitalize()}ForCausalLM"], "tie_word_embeddings": True,
+              "head_dim": head_dim, "query_pre_attn_scalar": head_dim, "sliding_window": TINY_WINDOW,
+              "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh", "attention_bias": False,
+              "layer_types": ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]}
+    if arch == "gemma2":
+        return common | {"model_type": "gemma2", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                         "attn_logit_softcapping": 4.0, "final_logit_softcapping": 8.0}
+    return common | {"model_type": "gemma3_text", "attn_logit_softcapping": None, "final_logit_softcapping": None,
+                     "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
 
 
 def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
@@ -57,6 +83,9 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
     inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)  # type: ignore[call-overload]
     width = int(cfg.get("moe_intermediate_size") or inter)  # type: ignore[call-overload]
+    gemma = arch in ("gemma2", "gemma3_text")
+    if gemma:  # Gemma's norms scale by 1 + weight
+        norm_weight = lambda n: normal(n, scale=0.1)  # noqa: E731
     for i in range(layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm_weight(hidden)
@@ -69,7 +98,7 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
         if arch == "qwen2_moe":
             for part, n in (("q", heads), ("k", kv), ("v", kv)):
                 w[p + f"self_attn.{part}_proj.bias"] = normal(n * head_dim)
-        if arch == "qwen3_moe":
+        if arch in ("qwen3_moe", "gemma3_text"):
             w[p + "self_attn.q_norm.weight"] = norm_weight(head_dim)
             w[p + "self_attn.k_norm.weight"] = norm_weight(head_dim)
         if arch == "olmoe":
@@ -77,7 +106,10 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
             w[p + "self_attn.k_norm.weight"] = norm_weight(kv * head_dim)
         w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim)
         w[p + "post_attention_layernorm.weight"] = norm_weight(hidden)
-        dense = arch == "phi3" or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
+        if gemma:
+            w[p + "pre_feedforward_layernorm.weight"] = norm_weight(hidden)
+            w[p + "post_feedforward_layernorm.weight"] = norm_weight(hidden)
+        dense = arch == "phi3" or gemma or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
         if dense and arch == "phi3":
             w[p + "mlp.gate_up_proj.weight"] = normal(2 * inter, hidden)
             w[p + "mlp.down_proj.weight"] = normal(hidden, inter)
@@ -100,4 +132,5 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
                 w[p + f"mlp.shared_expert.{name}.weight"] = normal(*shape)
             w[p + "mlp.shared_expert_gate.weight"] = normal(1, hidden)
     w["model.norm.weight"] = norm_weight(hidden)
-    w["lm_head.weight"] = normal(int(cfg["vocab_size"]), hidden)  # type: ignore[call-overload]
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = normal(int(cfg["vocab_size"]), hidden)  # type: ignore[call-overload]

@@ -5,7 +5,7 @@
 #include "vec_math.h"
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& block_tables,
-                        const at::Tensor& seq_lens, double scale);
+                        const at::Tensor& seq_lens, double scale, int64_t window, double softcap);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rope_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void silu_mul_(at::Tensor& gate, const at::Tensor& up);
@@ -24,7 +24,9 @@ int64_t paged_prefill_lanes();
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
-  m.def("paged_decode", &paged_decode, nogil, "decode attention over a paged KV pool (CPU)");
+  m.def("paged_decode", &paged_decode, nogil, "decode attention over a paged KV pool (CPU)", py::arg("q"),
+        py::arg("kv_layer"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.0);
   m.def("rms_norm", &rms_norm, nogil, "RMSNorm of float32 rows in one pass (CPU)");
   m.def("rope_", &rope_, nogil, "rotary embedding in place, rotate-half form (CPU, float32)");
   m.def("silu_mul_", &silu_mul_, nogil, "gate = silu(gate) * up in place (CPU, float32)");

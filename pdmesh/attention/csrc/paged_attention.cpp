@@ -14,7 +14,10 @@
 // ahead into L2 (``kFarRows``, section 41; K's a head's part at a time, section 43), and
 // sequences whose tables begin with the same blocks (a shared system prompt, served from
 // the prefix cache) read those blocks' rows once for all of them (``plan``; section 16).
-// Work items are (sequences, run of KV heads), taken by the threads in turn.
+// Work items are (sequences, run of KV heads), taken by the threads in turn. A sliding layer
+// (``window`` > 0) attends each sequence's last ``window`` tokens alone, and reads nothing
+// before them; ``softcap`` > 0 passes every score through softcap * tanh(score / softcap)
+// (Gemma 2) before the softmax.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -367,7 +370,7 @@ struct Plan {
 };
 
 Plan plan(const int64_t* tp, const int64_t* lp, int64_t batch, int64_t width, int64_t block_size,
-          int64_t kv_heads, int threads) {
+          int64_t kv_heads, int threads, bool windowed) {
   Plan p;
   std::vector<int64_t>& order = p.order;
   order.resize(batch);
@@ -403,7 +406,7 @@ Plan plan(const int64_t* tp, const int64_t* lp, int64_t batch, int64_t width, in
     const int64_t chunk = std::max<int64_t>(1, (size + chunks_each - 1) / chunks_each);
     for (int64_t c = grp.begin; c < grp.end; c += chunk) {
       const int64_t count = std::min(chunk, grp.end - c);
-      const int64_t shared = count > 1 ? grp.shared : 0;
+      const int64_t shared = count > 1 && !windowed ? grp.shared : 0;  // a window starts past a shared prefix
       for (int64_t h = 0; h < per_group; ++h) items.push_back({c, count, shared, h * span});
     }
   }
@@ -412,7 +415,7 @@ Plan plan(const int64_t* tp, const int64_t* lp, int64_t batch, int64_t width, in
 
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
-            const at::Tensor& lens, double scale, at::Tensor& out) {
+            const at::Tensor& lens, double scale, int64_t window, double softcap, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t block_size = kv.size(2), kv_heads = kv.size(3);
   const int64_t group = heads / kv_heads, width = tables.size(1);
@@ -424,7 +427,10 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
   const int64_t* lp = lens.data_ptr<int64_t>();
   const float fscale = static_cast<float>(scale);
   const int threads = at::get_num_threads();
-  const Plan work = plan(tp, lp, batch, width, block_size, kv_heads, threads);
+  const Plan work = plan(tp, lp, batch, width, block_size, kv_heads, threads, window > 0);
+  // The first token each sequence attends: past the window's start on a sliding layer.
+  auto start = [&](int64_t b) { return window > 0 ? std::max<int64_t>(0, lp[b] - window) : int64_t{0}; };
+  const float cap = static_cast<float>(softcap);
   const std::vector<int64_t>& order = work.order;
   const std::vector<Item>& items = work.items;
   const int64_t span = work.span;
@@ -442,15 +448,16 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
       const Item& it = items[i];
       int64_t total = 0;
-      for (int64_t k = 0; k < it.count; ++k) total += lp[order[it.first + k]];
+      for (int64_t k = 0; k < it.count; ++k) total += lp[order[it.first + k]] - start(order[it.first + k]);
       qf.resize(it.count * nq * dim);
       acc.assign(it.count * nq * dim, 0.f);
       scores.resize(nq * total);
       members.clear();
       for (int64_t k = 0, offset = 0; k < it.count; ++k) {
         const int64_t b = order[it.first + k];
-        members.push_back({qf.data() + k * nq * dim, scores.data() + offset, acc.data() + k * nq * dim, lp[b]});
-        offset += nq * lp[b];
+        const int64_t len = lp[b] - start(b);
+        members.push_back({qf.data() + k * nq * dim, scores.data() + offset, acc.data() + k * nq * dim, len});
+        offset += nq * len;
         for (int64_t r = 0; r < nq; ++r) {
           const T* src = qp + (b * heads + it.h0 * group + r) * dim;
           for (int64_t x = 0; x < dim; ++x) qf[(k * nq + r) * dim + x] = static_cast<float>(src[x]);
@@ -460,13 +467,14 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
       rows.resize(total);
       roff.resize(it.count);
       for (int64_t k = 0, offset = 0; k < it.count; ++k) {
-        const int64_t b = order[it.first + k], len = lp[b];
-        const T** dst = rows.data() + offset;
+        const int64_t b = order[it.first + k], first = start(b), len = lp[b];
+        const T** dst = rows.data() + offset - first;
         roff[k] = offset;
-        offset += len;
-        for (int64_t blk = 0, t = 0; t < len; ++blk) {  // block by block: no division per token
+        offset += len - first;
+        // Block by block from the window's first token: no division per token.
+        for (int64_t blk = first / block_size, t = first, o = first % block_size; t < len; ++blk, o = 0) {
           const T* base = kvp + tp[b * width + blk] * s_block + it.h0 * s_head;
-          for (int64_t o = 0; o < block_size && t < len; ++o, ++t) dst[t] = base + o * s_tok;
+          for (; o < block_size && t < len; ++o, ++t) dst[t] = base + o * s_tok;
         }
       }
       const T* const* shared_rows = rows.data() + roff[0];  // the shared blocks are in every table
@@ -474,7 +482,12 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
       for (int64_t k = 0; k < it.count; ++k) {
         one[0] = members[k];
         scores_of(one, rows.data() + roff[k], it.shared, members[k].len, span, group, dim, s_head, fscale);
-        for (int64_t r = 0; r < nq; ++r) softmax_row(&members[k].scores[r * members[k].len], members[k].len);
+        for (int64_t r = 0; r < nq; ++r) {
+          float* row = &members[k].scores[r * members[k].len];
+          if (cap > 0)
+            for (int64_t t = 0; t < members[k].len; ++t) row[t] = std::tanh(row[t] / cap) * cap;  // transformers' order
+          softmax_row(row, members[k].len);
+        }
       }
       if (it.shared > 0) values_of(members, shared_rows, 0, it.shared, span, group, dim, s_kv, s_head);
       for (int64_t k = 0; k < it.count; ++k) {
@@ -490,7 +503,8 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
 }  // namespace
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const at::Tensor& block_tables,
-                        const at::Tensor& seq_lens, double scale) {
+                        const at::Tensor& seq_lens, double scale, int64_t window, double softcap) {
+  TORCH_CHECK(window >= 0 && softcap >= 0, "window and softcap: 0 (none) or positive");
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [batch, heads, head_dim]");
   TORCH_CHECK(kv_layer.dim() == 5 && kv_layer.size(1) == 2 && kv_layer.stride(4) == 1,
               "kv_layer must be [blocks, 2, block_size, kv_heads, head_dim] with contiguous head_dim");
@@ -500,7 +514,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kv_layer, const a
   TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.numel() == q.size(0), "seq_lens: int64 [batch]");
   at::Tensor out = at::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode<scalar_t>(q, kv_layer, block_tables, seq_lens, scale, out);
+    decode<scalar_t>(q, kv_layer, block_tables, seq_lens, scale, window, softcap, out);
   });
   return out;
 }

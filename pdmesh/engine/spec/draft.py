@@ -56,8 +56,8 @@ class DraftModelProposer:
         bs = target.cache.block_size
         self.pool = BlockPool(num_blocks, enable_caching=False)
         self.kv = KVCacheManager(self.pool, BlockHasher(bs, 0, target.cache.hash_algorithm))
-        self.runner = ModelRunner(model, cfg, dtype, num_blocks, bs, self.kv,
-                                  build_backend(target.attention_backend, target.device, dtype, cfg.head_dim), target.device)
+        backend = build_backend(target.attention_backend, target.device, dtype, cfg.head_dim, cfg.attention_variants)
+        self.runner = ModelRunner(model, cfg, dtype, num_blocks, bs, self.kv, backend, target.device)
         self._shadows: dict[str, _Shadow] = {}
 
     def stats(self) -> BlockPoolStats:

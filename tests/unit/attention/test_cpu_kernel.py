@@ -43,6 +43,24 @@ def test_kernel_matches_the_torch_backend(dtype: torch.dtype, tol: float, heads:
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize(("window", "softcap"), [(24, None), (None, 2.0), (5, 1.5), (16, None)])
+def test_a_sliding_or_capped_layer_matches_the_torch_backend(window: int | None, softcap: float | None) -> None:
+    """Windows that start mid-block, at a block's edge and past a short context; sequences
+    that share their first blocks (which a window must not read as shared)."""
+    g = torch.Generator().manual_seed(3)
+    pool = torch.randn(300, 2, BS, HKV, D, generator=g)
+    lens = [1, 15, 16, 17, 100, 288, 33, 2, 90, 90]
+    meta = _meta(lens, 300, seed=2)
+    assert meta.decode_block_tables is not None
+    meta.decode_block_tables[9, :5] = meta.decode_block_tables[8, :5]  # two sequences share 80 tokens
+    q = torch.randn(len(lens), 8, D, generator=g) * 4  # scores large enough for the cap to bite
+    ref = TorchAttentionBackend()._decode(q, pool, meta, D**-0.5, window, softcap)
+    out = CPUAttentionBackend()._decode(q, pool, meta, D**-0.5, window, softcap)
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=2e-6)
+    full = TorchAttentionBackend()._decode(q, pool, meta, D**-0.5)
+    assert not torch.allclose(out, full, atol=1e-3)  # the window or the cap changed something
+
+
 def test_the_kernel_cache_is_keyed_by_the_cpus_flags() -> None:
     # Built with -march=native: a build from another CPU must never be loaded here.
     here = cpu_flags()

@@ -42,10 +42,32 @@ def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = Fals
             "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
                              "long_factor": [2.0 + 0.5 * i for i in range(8)],
                              "original_max_position_embeddings": 256}}),
+        # Sliding windows shorter than most prompts here (up to 150 tokens): every layer's
+        # (Mistral), the layers from max_window_layers on (Qwen2), Gemma's local layers.
+        "mistral": ("MistralConfig", "MistralForCausalLM", {"intermediate_size": 96, "sliding_window": 20}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
+            "intermediate_size": 96, "use_sliding_window": True, "sliding_window": 20, "max_window_layers": 1}),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+            "intermediate_size": 96, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 20,
+            "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0}),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+            "intermediate_size": 96, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 20,
+            "sliding_window_pattern": 3, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+        # gpt-oss: sinks, alternating 20-token windows, YaRN past a 64-token original context,
+        # biased clamped-SwiGLU experts in one fused tensor per layer.
+        "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {
+            "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "head_dim": 16,
+            "sliding_window": 20, "rope_parameters": {
+                "rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}}),
     }
     config_cls, model_cls, extra = configs[arch]
     torch.manual_seed(7)
     model = getattr(tf, model_cls)(getattr(tf, config_cls)(**common, **extra)).eval()
+    if arch == "gpt_oss":  # its init leaves the sinks near 0, where a missing sink would pass unseen
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
     out = tmp_path / f"hf-{arch}"
     model.save_pretrained(out, max_shard_size="200KB" if shard else "5GB")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -53,10 +75,13 @@ def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = Fals
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "phi3", "mistral", "qwen2", "gemma2",
+                                  "gemma3", "gpt_oss"])
 def test_a_folder_transformers_saved_serves_its_greedy_tokens(tmp_path: Path, llama_dir: Path, arch: str) -> None:
     """Qwen3-MoE here has dense and sparse layers (decoder_sparse_step, mlp_only_layers), the
-    checkpoint sharded; Qwen2-MoE a shared expert and 4 of 8 experts; OLMoE clipped q/k/v."""
+    checkpoint sharded; Qwen2-MoE a shared expert and 4 of 8 experts; OLMoE clipped q/k/v;
+    Mistral, Qwen2 and Gemma sliding windows (Gemma 3's pattern as Hub configs give it);
+    gpt-oss sinks and YaRN."""
     from transformers import AutoModelForCausalLM
 
     path = _hf_saved(tmp_path, llama_dir, arch, shard=arch == "qwen3_moe")

@@ -27,9 +27,9 @@ def _config(path: Path) -> dict:
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
         ({"hidden_act": "gelu"}, "hidden_act"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type='dynamic'"),
         ({"quantization_config": {"quant_method": "awq"}}, "quantization_config"),
-        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
+        ({"layer_types": ["chunked_attention", "full_attention"]}, "chunked_attention"),
     ],
 )
 def test_unsupported_fields_are_named(llama_dir: Path, change: dict, needle: str) -> None:
@@ -55,6 +55,24 @@ def test_llama3_inv_freq_matches_transformers(llama_dir: Path) -> None:
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_cfg, "cpu")
     ours = rope_inv_freq(ModelConfig.from_dir(llama_dir).rope, 16)
     assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize("extra", [{}, {"beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}])
+def test_yarn_inv_freq_and_scale_match_transformers(llama_dir: Path, extra: dict) -> None:
+    """gpt-oss ships YaRN; its frequencies and attention factor must be transformers' own."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    raw = _config(llama_dir) | {
+        "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64} | extra,
+    }
+    (llama_dir.parent / "yarn").mkdir(exist_ok=True)
+    (llama_dir.parent / "yarn" / "config.json").write_text(json.dumps(raw))
+    hf_cfg = AutoConfig.from_pretrained(llama_dir.parent / "yarn")
+    ref, ref_scale = ROPE_INIT_FUNCTIONS["yarn"](hf_cfg, "cpu")
+    rope = ModelConfig.from_dict(raw).rope
+    assert torch.equal(rope_inv_freq(rope, 16), ref)
+    assert rope.attention_factor == pytest.approx(ref_scale, abs=0.0)
 
 
 def test_sharded_checkpoint_loads_identically(tmp_path: Path, llama_dir: Path) -> None:

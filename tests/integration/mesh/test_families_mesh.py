@@ -1,7 +1,8 @@
-"""A mixture-of-experts model through a real mesh (1 prefill + 1 decode worker, the kvstore
-tier; KV over NIXL): greedy tokens equal transformers' with prefill in chunks, prefix hits,
-n > 1, a prefix fetched back from the kvstore, and decode preempting in a small pool; no
-block left anywhere after each."""
+"""A mixture-of-experts model and a sliding-window one (Gemma 3: local and global layers,
+a window of 24 tokens that the prompts here pass up to six times over) through a real mesh
+(1 prefill + 1 decode worker, the kvstore tier; KV over NIXL): greedy tokens equal
+transformers' with prefill in chunks, prefix hits, n > 1, a prefix fetched back from the
+kvstore, and decode preempting in a small pool; no block left anywhere after each."""
 
 from __future__ import annotations
 
@@ -20,24 +21,28 @@ from pdmesh.telemetry.scrape import scrape, total
 from tests.integration.mesh_tools import infos, wait_idle
 from tests.oracle import HFReference, mixed_prompts
 
-ARCH = "qwen3_moe"
 MAX_NEW = 24
 
 
+@pytest.fixture(scope="module", params=["qwen3_moe", "gemma3"])
+def arch(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def moe_mesh(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    spec = MeshSpec(model=str(model_dirs[ARCH]), prefill=1, decode=1, kvstore=1,
+def family_mesh(arch: str, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    spec = MeshSpec(model=str(model_dirs[arch]), prefill=1, decode=1, kvstore=1,
                     worker_args=["--dtype", "float32", "--block-size", "16"],
                     prefill_args=["--num-blocks", "64", "--max-num-batched-tokens", "32"],
                     decode_args=["--num-blocks", "40"], share_cores=False,
-                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path_factory.mktemp("moe-mesh")))
+                    router_args=["--info-interval-s", "0.2"], log_dir=str(tmp_path_factory.mktemp(f"{arch}-mesh")))
     with Mesh(spec) as m:
         yield m
 
 
 @pytest.fixture(scope="module")
-def ref(model_dirs: dict[str, Path]) -> HFReference:
-    return HFReference(model_dirs[ARCH])
+def ref(arch: str, hf_refs: dict[str, HFReference]) -> HFReference:
+    return hf_refs[arch]
 
 
 def _complete_all(mesh: Mesh, prompts: list[list[int]], new: int = MAX_NEW, **sampling: object) -> list[list[int]]:
@@ -91,55 +96,55 @@ def _tie_aware(ref: HFReference, prompts: list[list[int]], got: list[list[int]],
     return found
 
 
-def test_concurrent_greedy_through_the_mesh_with_chunked_prefill(moe_mesh: Mesh, ref: HFReference) -> None:
+def test_concurrent_greedy_through_the_mesh_with_chunked_prefill(family_mesh: Mesh, ref: HFReference) -> None:
     prompts = mixed_prompts(12, seed=41)  # up to 150 tokens: prefilled 32 at a time, written over NIXL
-    assert _complete_all(moe_mesh, prompts, temperature=0) == [_greedy(ref, p) for p in prompts]
-    state = wait_idle(moe_mesh)
+    assert _complete_all(family_mesh, prompts, temperature=0) == [_greedy(ref, p) for p in prompts]
+    state = wait_idle(family_mesh)
     assert state["prefill-0"].kv_bytes_sent > 0
 
 
-def test_prefix_hits_and_n_completions(moe_mesh: Mesh, ref: HFReference) -> None:
+def test_prefix_hits_and_n_completions(family_mesh: Mesh, ref: HFReference) -> None:
     rng = random.Random(43)
     prefix = [rng.randrange(5, 1000) for _ in range(64)]
     prompts = [prefix + [rng.randrange(5, 1000) for _ in range(6)] for _ in range(3)]
-    with Client(moe_mesh.router_address, timeout=120) as c:
+    with Client(family_mesh.router_address, timeout=120) as c:
         outs = [c.complete(p, max_tokens=MAX_NEW, temperature=0, ignore_eos=True) for p in prompts]
         forks = c.complete_n(prompts[0], max_tokens=MAX_NEW, temperature=0, ignore_eos=True, n=3)
     assert [o.token_ids for o in outs] == [_greedy(ref, p) for p in prompts]
     assert all(o.cached_tokens >= 64 for o in outs[1:])
     assert [f.token_ids for f in forks] == [outs[0].token_ids] * 3
-    wait_idle(moe_mesh)
+    wait_idle(family_mesh)
 
 
-def test_an_evicted_prefix_comes_back_from_the_kvstore(moe_mesh: Mesh, ref: HFReference) -> None:
+def test_an_evicted_prefix_comes_back_from_the_kvstore(family_mesh: Mesh, ref: HFReference) -> None:
     rng = random.Random(47)
     prefix = [rng.randrange(5, 1000) for _ in range(64)]  # 4 blocks, offloaded after the request
-    with Client(moe_mesh.router_address, timeout=120) as c:
+    with Client(family_mesh.router_address, timeout=120) as c:
         c.complete(prefix + [9], max_tokens=2, temperature=0)
         deadline = time.monotonic() + 10
-        while infos(moe_mesh)["prefill-0"].kvstore_offloaded_blocks < 4:
+        while infos(family_mesh)["prefill-0"].kvstore_offloaded_blocks < 4:
             assert time.monotonic() < deadline, "the prefix never reached the kvstore"
             time.sleep(0.1)
         for _ in range(12):  # 12 x 6 blocks: past the prefill worker's 64
             c.complete([rng.randrange(5, 1000) for _ in range(90)], max_tokens=1, temperature=0)
-        before = infos(moe_mesh)["prefill-0"]
+        before = infos(family_mesh)["prefill-0"]
         prompt = prefix + [rng.randrange(5, 1000) for _ in range(5)]
         out = c.complete(prompt, max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
-    after = infos(moe_mesh)["prefill-0"]
+    after = infos(family_mesh)["prefill-0"]
     assert after.kvstore_fetched_tokens - before.kvstore_fetched_tokens == 64
     assert out.token_ids == _greedy(ref, prompt)
-    wait_idle(moe_mesh)
+    wait_idle(family_mesh)
 
 
-def test_decode_preempts_in_a_small_pool_and_still_matches(moe_mesh: Mesh, ref: HFReference) -> None:
+def test_decode_preempts_in_a_small_pool_and_still_matches(family_mesh: Mesh, ref: HFReference) -> None:
     """40 decode blocks for 16 streams that take 2 each to start and 7 by their end (any 6
     of them decoding at once outgrow the pool, however the prefills stagger their starts):
     some are preempted and computed again on the decode worker, with the same tokens."""
     rng = random.Random(53)
     prompts = [[rng.randrange(5, 1000) for _ in range(20)] for _ in range(16)]
-    before = total(scrape(moe_mesh.decode[0].metrics_address), "pdmesh_preemptions_total")
-    got = _complete_all(moe_mesh, prompts, new=90, temperature=0)
+    before = total(scrape(family_mesh.decode[0].metrics_address), "pdmesh_preemptions_total")
+    got = _complete_all(family_mesh, prompts, new=90, temperature=0)
     ties = _tie_aware(ref, prompts, got, [_greedy(ref, p, 90) for p in prompts])
     print(f"preempted streams: {len(ties)} divergences at near-ties (sequence, position, lead): {ties}")
-    assert total(scrape(moe_mesh.decode[0].metrics_address), "pdmesh_preemptions_total") > before
-    wait_idle(moe_mesh)
+    assert total(scrape(family_mesh.decode[0].metrics_address), "pdmesh_preemptions_total") > before
+    wait_idle(family_mesh)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-ARCHS = ("llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gemma2", "gemma3")
-"""Every family make-tiny draws: the dense ones, four mixtures of experts, and Gemma 2/3
-(sliding-window layers)."""
+ARCHS = ("llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gemma2", "gemma3",
+         "deepseek_v3")
+"""Every family make-tiny draws: the dense ones, four mixtures of experts, Gemma 2/3
+(sliding-window layers) and DeepSeek-V3 (latent attention over a mixture of experts)."""
 MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
 
 

@@ -38,10 +38,12 @@ class DeviceMemory:
 
 def activation_bytes(cfg: ModelConfig, sched: SchedulerConfig, elem_bytes: int) -> int:
     """An upper estimate of one step's transient tensors: every batched token's widest
-    activations (the gate/up output and its product, q/k/v, residual and norms) and
+    activations (the gate/up output and its product, q/k/v or MLA's query, latent and
+    expanded keys and values, residual and norms) and
     float32 logits for every sequence's sampled row, twice (the sampler's copies)."""
-    per_token = 3 * cfg.intermediate_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim \
-        + 4 * cfg.hidden_size
+    attention = ((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim if cfg.mla is None else
+                 cfg.num_heads * (2 * cfg.mla.qk_head_dim + cfg.mla.v_head_dim) + cfg.mla.latent_dim)
+    per_token = 3 * cfg.intermediate_size + attention + 4 * cfg.hidden_size
     logits = 2 * sched.max_num_seqs * cfg.vocab_size * 4
     return sched.max_num_batched_tokens * per_token * elem_bytes + logits + WORKSPACE_BYTES
 

@@ -59,15 +59,20 @@ class KVLayout:
     head_dim: int
     dtype: str
     """A key of ``DTYPE_BYTES``."""
+    planes: int = 2
+    """2: K and V per head; 1: one latent per token (MLA, ``num_kv_heads`` 1 and
+    ``head_dim`` the latent's width)."""
 
     @classmethod
     def for_model(cls, cfg: ModelConfig, block_size: int, dtype: str) -> KVLayout:
+        if cfg.mla is not None:
+            return cls(cfg.num_layers, block_size, 1, cfg.mla.latent_dim, dtype, planes=1)
         return cls(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
-        """``(layers, K/V, block_size, kv_heads, head_dim)``: one block, all layers."""
-        return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
+        """``(layers, K/V or latent, block_size, kv_heads, head_dim)``: one block, all layers."""
+        return (self.num_layers, self.planes, self.block_size, self.num_kv_heads, self.head_dim)
 
     @property
     def block_bytes(self) -> int:

@@ -2,7 +2,8 @@
 
 Every family served is the same pre-norm decoder with a few switches: qkv / output biases,
 q/k RMSNorm (per head, or over the whole projection), clipped q/k/v, RoPE scaling
-(llama3, linear, LongRoPE), each layer's attention (full or a sliding window, soft-capped;
+(llama3, linear, LongRoPE, YaRN), multi-head latent attention (``mla_config.py``), each
+layer's attention (full or a sliding window, soft-capped;
 ``attention_config.py``), Gemma's norms, scaled embeddings and GELU (``gemma_config.py``),
 and a feed-forward that is a gated MLP or a mixture of experts (``moe_config.py``).
 Each family's own field names are read here, in one place. Anything
@@ -20,6 +21,7 @@ from typing import Any
 from pdmesh.errors import UnsupportedModelError
 from pdmesh.model.attention_config import LayerAttention, layer_attention
 from pdmesh.model.gemma_config import GEMMA_FAMILIES, gemma_fields
+from pdmesh.model.mla_config import MLA_FAMILIES, MLAConfig, mla_scale, parse_mla
 from pdmesh.model.moe_config import MoEConfig, parse_moe
 from pdmesh.model.rope_config import RopeConfig, rope_config, rope_params
 
@@ -36,6 +38,7 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "GptOssForCausalLM": "gpt_oss",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 """The ``architectures`` pdmesh serves, by family (the README's table of families)."""
 _QWEN2 = ("qwen2", "qwen2_moe")
@@ -92,6 +95,9 @@ class ModelConfig:
     """The rotary table of the layers marked ``local_rope`` (Gemma 3's sliding layers)."""
     attention_sinks: bool = False
     """Each head has a learned sink logit in its softmax, attended to by no value (gpt-oss)."""
+    mla: MLAConfig | None = None
+    """Multi-head latent attention (DeepSeek-V3): the KV cache holds a latent per token and
+    layer; ``head_dim`` is then its rotary part, the width of the rotary tables."""
 
     @property
     def scale(self) -> float:
@@ -104,7 +110,8 @@ class ModelConfig:
         return tuple(name for name, used in (
             ("sliding windows", bool(self.windows)),
             ("soft-capped scores", any(a.softcap is not None for a in self.layer_attention)),
-            ("attention sinks", self.attention_sinks)) if used)
+            ("attention sinks", self.attention_sinks),
+            ("multi-head latent attention", self.mla is not None)) if used)
 
     @property
     def windows(self) -> frozenset[int]:
@@ -150,6 +157,9 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         gemma = gemma_fields(raw, family, hidden) if family in GEMMA_FAMILIES else {}
         rope = gemma.pop("rope", None) or rope_config(rope_params(raw), raw)
+        mla = parse_mla(raw) if family in MLA_FAMILIES else None
+        if mla is not None:
+            gemma["attention_scale"] = mla_scale(mla, rope_params(raw))
         return cls(
             architecture=arch,
             family=family,
@@ -159,7 +169,7 @@ class ModelConfig:
             num_layers=layers,
             num_heads=num_heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            head_dim=mla.qk_rope_head_dim if mla else int(raw.get("head_dim") or hidden // num_heads),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope=rope,
@@ -176,6 +186,7 @@ class ModelConfig:
             qk_norm_whole=family == "olmoe",
             clip_qkv=float(raw["clip_qkv"]) if family == "olmoe" and raw.get("clip_qkv") else None,
             attention_sinks=family == "gpt_oss",
+            mla=mla,
             **gemma,
         )
 

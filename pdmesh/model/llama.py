@@ -1,5 +1,6 @@
 """The decoder every served family shares (``model/config.py``: Llama 2/3, Mistral,
-Qwen2/3, Phi-3, Gemma 2/3, and the mixture-of-experts Qwen2/3-MoE, Mixtral, OLMoE) over a
+Qwen2/3, Phi-3, Gemma 2/3, and the mixture-of-experts Qwen2/3-MoE, Mixtral, OLMoE,
+gpt-oss and DeepSeek-V3, whose latent attention is ``model/mla.py``) over a
 paged KV cache; a family is its config's switches plus its checkpoint names
 (``model/weights.py``). Each layer attends as its ``LayerAttention`` says (full or a
 sliding window, soft-capped scores), the backend applying it.
@@ -35,6 +36,7 @@ from pdmesh.model.layers import (
     linear,
     transposed_mm,
 )
+from pdmesh.model.mla import MLAAttention
 from pdmesh.model.moe import Experts, SparseMoE
 from pdmesh.model.weights import IndexKey, index_key, missing_parts, weight_writes
 
@@ -100,7 +102,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         hidden, eps, offset = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset
         self.input_norm = RMSNorm(hidden, eps, offset)
-        self.attn = Attention(cfg, index)
+        self.attn: Attention | MLAAttention = (
+            MLAAttention(cfg, index) if cfg.mla is not None else Attention(cfg, index))
         self.post_attn_norm = RMSNorm(hidden, eps, offset)
         """The MLP's input norm."""
         self.attn_out_norm = RMSNorm(hidden, eps, offset) if cfg.sandwich_norms else None
@@ -145,7 +148,7 @@ class LlamaForCausalLM(nn.Module):
         ops (None)."""
         self.few_rows = few_rows_kernel(kernels)
         for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, GatedMLP, Experts)):
+            if isinstance(m, (RMSNorm, Attention, MLAAttention, GatedMLP, Experts)):
                 m.kernels = kernels
             elif isinstance(m, Linear):
                 m.few_rows = self.few_rows

@@ -57,6 +57,9 @@ _MOE = {
     "mlp.shared_expert.down_proj": "mlp.shared.down",
     "mlp.shared_expert_gate": "mlp.shared_gate",
     "mlp.router": "mlp.router.gate",  # gpt-oss
+    "mlp.shared_experts.gate_proj": "mlp.shared.gate",  # DeepSeek-V3
+    "mlp.shared_experts.up_proj": "mlp.shared.up",
+    "mlp.shared_experts.down_proj": "mlp.shared.down",
 }
 _EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)$")
 _EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
@@ -91,6 +94,11 @@ def weight_writes(name: str, cfg: ModelConfig) -> list[Write] | None:
     idx, rest = name[len(prefix):].split(".", 1)
     module, leaf = rest.rsplit(".", 1)
     at = f"layers.{idx}."
+    if cfg.mla is not None:
+        if int(idx) >= cfg.num_layers:  # DeepSeek-V3's multi-token-prediction layer, unused (as transformers)
+            return None
+        if module.startswith("self_attn.") and module != "self_attn.o_proj":  # MLA's projections keep their names
+            return [Write(f"{at}attn.{module[len('self_attn.'):]}.{leaf}")]
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     rows = {"q_proj": slice(0, q), "k_proj": slice(q, q + kv), "v_proj": slice(q + kv, q + 2 * kv)}
     if module.startswith("self_attn.") and module[len("self_attn."):] in rows:

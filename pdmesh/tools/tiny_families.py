@@ -1,4 +1,4 @@
-"""The newer families ``make-tiny`` draws (Phi-3, Gemma 2/3 and the mixtures of experts):
+"""The newer families ``make-tiny`` draws (Phi-3, Gemma 2/3, DeepSeek-V3 and the mixtures of experts):
 their config fields and checkpoint tensor names, as each family's own folders write them."""
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers
                 "norm_topk_prob": False, "clip_qkv": 2.0, "attention_bias": False, **moe}
     if arch in GEMMA_ARCHS:
         return gemma_config(arch, hidden, heads, layers)
+    if arch == "deepseek_v3":
+        return deepseek_config(hidden, heads, max_positions, experts, expert_intermediate) | moe
     raise ValueError(f"arch must be one of {', '.join(TINY_ARCHS)}, got {arch!r}")
 
 
@@ -75,13 +77,47 @@ def gemma_config(arch: str, hidden: int, heads: int, layers: int) -> dict[str, o
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
 
 
+def deepseek_config(hidden: int, heads: int, max_positions: int, experts: int, expert_intermediate: int
+                    ) -> dict[str, object]:
+    """DeepSeek-V3's shape in small: latent attention (a q compression half the hidden
+    width, a kv latent of a quarter plus an 8-wide shared rotary key: 40 numbers a token
+    and layer against the 128 of K and V for 4 heads of 16), YaRN with its mscale, a dense
+    first layer, then grouped sigmoid routing with a shared expert."""
+    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "tie_word_embeddings": False,
+            "num_key_value_heads": heads, "q_lora_rank": hidden // 2, "kv_lora_rank": hidden // 2,
+            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8, "rope_interleave": True,
+            "n_routed_experts": experts, "moe_intermediate_size": expert_intermediate, "n_shared_experts": 1,
+            "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True, "attention_bias": False,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": max_positions // 4, "mscale": 1.0,
+                                "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}}
+
+
+def _mla_weights(w: dict[str, torch.Tensor], p: str, cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
+    """One layer's latent-attention tensors, drawn wider than the rest (scale 0.1) so that
+    scores, and so the rotary embedding and the latent's expansion, decide tokens."""
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])  # type: ignore[call-overload]
+    q_rank, kv_rank = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])  # type: ignore[call-overload]
+    nope, rope, v = (int(cfg[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))  # type: ignore[call-overload]
+    a = p + "self_attn."
+    w[a + "q_a_proj.weight"] = normal(q_rank, hidden, scale=0.1)
+    w[a + "q_a_layernorm.weight"] = norm_weight(q_rank)
+    w[a + "q_b_proj.weight"] = normal(heads * (nope + rope), q_rank, scale=0.1)
+    w[a + "kv_a_proj_with_mqa.weight"] = normal(kv_rank + rope, hidden, scale=0.1)
+    w[a + "kv_a_layernorm.weight"] = norm_weight(kv_rank)
+    w[a + "kv_b_proj.weight"] = normal(heads * (nope + v), kv_rank, scale=0.1)
+    w[a + "o_proj.weight"] = normal(hidden, heads * v)
+
+
 def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
     """The newer families' tensors, under each family's checkpoint names, drawn in order."""
     arch, hidden = cfg["model_type"], int(cfg["hidden_size"])  # type: ignore[call-overload]
     heads, kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])  # type: ignore[call-overload]
     head_dim = int(cfg.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
     inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)  # type: ignore[call-overload]
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")  # type: ignore[call-overload]
+                  or 0)
     width = int(cfg.get("moe_intermediate_size") or inter)  # type: ignore[call-overload]
     gemma = arch in ("gemma2", "gemma3_text")
     if gemma:  # Gemma's norms scale by 1 + weight
@@ -89,7 +125,9 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
     for i in range(layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm_weight(hidden)
-        if arch == "phi3":
+        if arch == "deepseek_v3":
+            _mla_weights(w, p, cfg, normal, norm_weight)
+        elif arch == "phi3":
             w[p + "self_attn.qkv_proj.weight"] = normal((heads + 2 * kv) * head_dim, hidden)
         else:
             w[p + "self_attn.q_proj.weight"] = normal(heads * head_dim, hidden)
@@ -104,12 +142,14 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
         if arch == "olmoe":
             w[p + "self_attn.q_norm.weight"] = norm_weight(heads * head_dim)
             w[p + "self_attn.k_norm.weight"] = norm_weight(kv * head_dim)
-        w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim)
+        if arch != "deepseek_v3":
+            w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim)
         w[p + "post_attention_layernorm.weight"] = norm_weight(hidden)
         if gemma:
             w[p + "pre_feedforward_layernorm.weight"] = norm_weight(hidden)
             w[p + "post_feedforward_layernorm.weight"] = norm_weight(hidden)
-        dense = arch == "phi3" or gemma or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
+        dense = (arch == "phi3" or gemma or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
+                 or i < int(cfg.get("first_k_dense_replace") or 0))  # type: ignore[call-overload]
         if dense and arch == "phi3":
             w[p + "mlp.gate_up_proj.weight"] = normal(2 * inter, hidden)
             w[p + "mlp.down_proj.weight"] = normal(hidden, inter)
@@ -122,6 +162,11 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
         block, names = (("block_sparse_moe", ("w1", "w3", "w2")) if arch == "mixtral"
                         else ("mlp", ("gate_proj", "up_proj", "down_proj")))
         w[p + f"{block}.gate.weight"] = normal(experts, hidden, scale=0.5)  # routing decided, not near-tied
+        if arch == "deepseek_v3":  # the choosing-only bias, and one shared expert as wide as a routed one
+            w[p + "mlp.gate.e_score_correction_bias"] = normal(experts, scale=0.1)
+            for name, shape in (("gate_proj", (width, hidden)), ("up_proj", (width, hidden)),
+                                ("down_proj", (hidden, width))):
+                w[p + f"mlp.shared_experts.{name}.weight"] = normal(*shape)
         for e in range(experts):
             for name, shape in zip(names, ((width, hidden), (width, hidden), (hidden, width))):
                 w[p + f"{block}.experts.{e}.{name}.weight"] = normal(*shape)

@@ -140,9 +140,10 @@ def test_chat_greedy_tokens_equal_transformers_on_the_rendered_template(up: Up, 
     tokenizer = AutoTokenizer.from_pretrained(llama_dir)
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     model = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # EOS is a token like any other, as with ignore_eos
     prompt = torch.tensor([ids])
-    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=12,
-                          min_new_tokens=12)[0, len(ids):].tolist()
+    want = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                          max_new_tokens=12)[0, len(ids):].tolist()
     with Client(up.router, security=Security(api_key=API_KEY)) as client:
         got = client.complete(messages, max_tokens=12, temperature=0, ignore_eos=True)
     assert got.prompt_tokens == len(ids)

@@ -1,11 +1,13 @@
-"""A mixture-of-experts model and a sliding-window one (Gemma 3: local and global layers,
-a window of 24 tokens that the prompts here pass up to six times over) through a real mesh
+"""DeepSeek-V3 (latent attention: a KV cache of one latent per token, over a mixture of
+experts) and a sliding-window model (Gemma 3: local and global layers, a window of 24
+tokens that the prompts here pass up to six times over) through a real mesh
 (1 prefill + 1 decode worker, the kvstore tier; KV over NIXL): greedy tokens equal
 transformers' with prefill in chunks, prefix hits, n > 1, a prefix fetched back from the
 kvstore, and decode preempting in a small pool; no block left anywhere after each."""
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Iterator
@@ -16,7 +18,9 @@ import grpc
 import pytest
 
 from pdmesh.client import Client
+from pdmesh.kv.layout import KVLayout
 from pdmesh.launcher import Mesh, MeshSpec
+from pdmesh.model.config import ModelConfig
 from pdmesh.telemetry.scrape import scrape, total
 from tests.integration.mesh_tools import infos, wait_idle
 from tests.oracle import HFReference, mixed_prompts
@@ -24,7 +28,7 @@ from tests.oracle import HFReference, mixed_prompts
 MAX_NEW = 24
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gemma3"])
+@pytest.fixture(scope="module", params=["deepseek_v3", "gemma3"])
 def arch(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -67,8 +71,10 @@ def _greedy(ref: HFReference, prompt: list[int], new: int = MAX_NEW) -> list[int
     import torch
 
     ids = torch.tensor([prompt])
-    out = ref.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                             min_new_tokens=new)
+    endless = copy.deepcopy(ref.model.generation_config)
+    endless.eos_token_id = None  # EOS is a token like any other, as with ignore_eos
+    out = ref.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=endless, do_sample=False,
+                             max_new_tokens=new)
     return out[0, len(prompt):].tolist()
 
 
@@ -101,6 +107,25 @@ def test_concurrent_greedy_through_the_mesh_with_chunked_prefill(family_mesh: Me
     assert _complete_all(family_mesh, prompts, temperature=0) == [_greedy(ref, p) for p in prompts]
     state = wait_idle(family_mesh)
     assert state["prefill-0"].kv_bytes_sent > 0
+
+
+def test_the_handoff_moves_blocks_of_the_models_own_layout(family_mesh: Mesh, arch: str,
+                                                            model_dirs: dict[str, Path]) -> None:
+    """A fresh 70-token prompt crosses as its 5 blocks, each the size the model's layout
+    gives: for DeepSeek-V3 a latent of 40 numbers a token and layer, a quarter of the 160
+    that its 4 heads' keys (24 wide) and values (16) would take expanded."""
+    cfg = ModelConfig.from_dir(model_dirs[arch])
+    layout = KVLayout.for_model(cfg, 16, "float32")
+    if arch == "deepseek_v3":
+        assert cfg.mla is not None and layout.block_shape == (cfg.num_layers, 1, 16, 1, 40)
+        assert cfg.num_heads * (cfg.mla.qk_head_dim + cfg.mla.v_head_dim) == 4 * 40
+    before = wait_idle(family_mesh)["prefill-0"]
+    assert before.kv_block_bytes == layout.block_bytes
+    rng = random.Random(59)
+    with Client(family_mesh.router_address, timeout=120) as c:
+        c.complete([rng.randrange(5, 1000) for _ in range(70)], max_tokens=2, temperature=0)
+    after = wait_idle(family_mesh)["prefill-0"]
+    assert after.kv_bytes_sent - before.kv_bytes_sent == 5 * layout.block_bytes
 
 
 def test_prefix_hits_and_n_completions(family_mesh: Mesh, ref: HFReference) -> None:

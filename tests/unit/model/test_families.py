@@ -60,14 +60,28 @@ def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = Fals
             "sliding_window": 20, "rope_parameters": {
                 "rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "original_max_position_embeddings": 64,
                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}}),
+        # DeepSeek-V3: latent attention (q and kv compressions, a shared interleaved rotary
+        # key, YaRN's mscale on the scores), a dense first layer, grouped sigmoid routing
+        # and a shared expert; weights drawn wide enough that attention decides tokens.
+        "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+            "num_key_value_heads": 4, "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2, "topk_group": 1,
+            "first_k_dense_replace": 1, "routed_scaling_factor": 2.5, "q_lora_rank": 48, "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "initializer_range": 0.1,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 128, "mscale": 1.0, "mscale_all_dim": 1.0}}),
     }
     config_cls, model_cls, extra = configs[arch]
     torch.manual_seed(7)
-    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**common, **extra)).eval()
+    model = getattr(tf, model_cls)(getattr(tf, config_cls)(**(common | extra))).eval()
     if arch == "gpt_oss":  # its init leaves the sinks near 0, where a missing sink would pass unseen
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 2.0)
+    if arch == "deepseek_v3":  # a correction bias that changes which experts are chosen
+        with torch.no_grad():
+            for layer in model.model.layers[1:]:
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
     out = tmp_path / f"hf-{arch}"
     model.save_pretrained(out, max_shard_size="200KB" if shard else "5GB")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -76,24 +90,25 @@ def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = Fals
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "phi3", "mistral", "qwen2", "gemma2",
-                                  "gemma3", "gpt_oss"])
+                                  "gemma3", "gpt_oss", "deepseek_v3"])
 def test_a_folder_transformers_saved_serves_its_greedy_tokens(tmp_path: Path, llama_dir: Path, arch: str) -> None:
     """Qwen3-MoE here has dense and sparse layers (decoder_sparse_step, mlp_only_layers), the
     checkpoint sharded; Qwen2-MoE a shared expert and 4 of 8 experts; OLMoE clipped q/k/v;
     Mistral, Qwen2 and Gemma sliding windows (Gemma 3's pattern as Hub configs give it);
-    gpt-oss sinks and YaRN."""
+    gpt-oss sinks and YaRN; DeepSeek-V3 latent attention over a latent cache."""
     from transformers import AutoModelForCausalLM
 
     path = _hf_saved(tmp_path, llama_dir, arch, shard=arch == "qwen3_moe")
     if arch == "qwen3_moe":
         assert (path / "model.safetensors.index.json").is_file()
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # EOS is a token like any other, as with ignore_eos
     prompts = mixed_prompts(6, seed=13)
     want = []
     for p in prompts:
         ids = torch.tensor([p])
-        want.append(hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
-                                min_new_tokens=12)[0, len(p):].tolist())
+        want.append(hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=12)[0, len(p):].tolist())
     llm = LLM(str(path), dtype="float32", num_blocks=128, max_num_batched_tokens=40)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12,
                                                                                 ignore_eos=True))]
@@ -144,7 +159,7 @@ def test_phi3s_longrope_rotates_as_transformers_below_the_original_context_and_l
 
 def test_unsupported_architectures_list_what_is_served() -> None:
     with pytest.raises(UnsupportedModelError) as err:
-        ModelConfig.from_dict({"architectures": ["DeepseekV3ForCausalLM"]})
+        ModelConfig.from_dict({"architectures": ["DeepseekV2ForCausalLM"]})
     assert all(a in str(err.value) for a in ARCHITECTURES) and "README.md, 'Model families'" in str(err.value)
 
 

@@ -42,7 +42,7 @@ ARCHITECTURES = {
 }
 """The ``architectures`` pdmesh serves, by family (the README's table of families)."""
 _QWEN2 = ("qwen2", "qwen2_moe")
-_O_BIAS = ("llama", "mistral", "qwen3", "qwen3_moe", "olmoe", "gpt_oss")
+_O_BIAS = ("llama", "mistral", "qwen3", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3")
 """Families whose ``attention_bias`` also puts a bias on the output projection."""
 
 

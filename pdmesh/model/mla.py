@@ -12,8 +12,6 @@ DeepSeek's own inference does, without expanding the context) is faster and is n
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +48,6 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, LORA_NORM_EPS)
         self.kv_b_proj = Linear(mla.kv_lora_rank, cfg.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.o = Linear(cfg.num_heads * mla.v_head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        self.kernels: ModuleType | None = None
 
     def forward(
         self,

@@ -104,11 +104,7 @@ class TorchAttentionBackend:
             raise RuntimeError("decode tokens scheduled without decode block tables")
         b, nblk = tables.shape
         _, _, bs, hkv, d = kv_layer.shape
-        if meta.decode_bias is None:  # once per step, shared by every layer
-            keys = torch.arange(nblk * bs, device=lens.device)
-            meta.decode_bias = torch.zeros((b, 1, 1, nblk * bs), device=lens.device).masked_fill_(
-                (keys[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
-        bias = meta.decode_bias if window is None else _window_bias(meta, lens, nblk * bs, window)
+        bias = decode_bias(meta, lens, nblk * bs, window)
         group = q.shape[1] // hkv
         flat = tables.view(-1)
         keys = self._head_major(kv_layer[:, 0], flat, b, nblk, "k")
@@ -152,18 +148,24 @@ def write_kv_slots(kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, met
     kv_layer[:, 1][meta.slot_blocks, meta.slot_offsets] = v
 
 
-def _window_bias(meta: AttentionMetadata, lens: torch.Tensor, keys: int, window: int) -> torch.Tensor:
-    """``meta.decode_bias`` that also masks the keys before each token's last ``window``
-    positions; once per step and window, shared by the layers of that window."""
-    if meta.window_biases is None:
-        meta.window_biases = {}
-    bias = meta.window_biases.get(window)
-    if bias is None:
-        pos = torch.arange(keys, device=lens.device)[None, :]
-        outside = (pos >= lens[:, None]) | (pos < lens[:, None] - window)
-        bias = torch.zeros((lens.shape[0], 1, 1, keys), device=lens.device).masked_fill_(
-            outside[:, None, None, :], float("-inf"))
-        meta.window_biases[window] = bias
+def decode_bias(meta: AttentionMetadata, lens: torch.Tensor, keys: int, window: int | None = None) -> torch.Tensor:
+    """The additive mask [decodes, 1, 1, keys] of a step's decode scores: -inf at each
+    token's padding past its length and, with ``window``, before its last ``window``
+    positions. Built once per step and window, shared by every layer that attends so."""
+    if window is None and meta.decode_bias is not None:
+        return meta.decode_bias
+    if window is not None and meta.window_biases is not None and window in meta.window_biases:
+        return meta.window_biases[window]
+    pos = torch.arange(keys, device=lens.device)[None, :]
+    outside = pos >= lens[:, None]
+    if window is not None:
+        outside |= pos < lens[:, None] - window
+    bias = torch.zeros((lens.shape[0], 1, 1, keys), device=lens.device).masked_fill_(
+        outside[:, None, None, :], float("-inf"))
+    if window is None:
+        meta.decode_bias = bias
+    else:
+        meta.window_biases = (meta.window_biases or {}) | {window: bias}
     return bias
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from pdmesh.attention.backend import AttentionBackend, AttentionMetadata
 from pdmesh.attention.sampled_rows import SampledRows
+from pdmesh.attention.torch_backend import decode_bias
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import Linear, RMSNorm, apply_rope
 
@@ -108,7 +109,7 @@ class MLAAttention(nn.Module):
 
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Each decode token over its whole context: the padded contexts expanded at once,
-        positions past a token's length masked."""
+        positions past a token's length masked (the step's bias, shared with every layer)."""
         tables, lens = meta.decode_block_tables, meta.decode_seq_lens
         if tables is None or lens is None:
             raise RuntimeError("decode tokens scheduled without decode block tables")
@@ -117,7 +118,6 @@ class MLAAttention(nn.Module):
         k = k.view(b, span, self.num_heads, -1).transpose(1, 2)  # [b, heads, span, qk]
         v = v.view(b, span, self.num_heads, -1).transpose(1, 2)
         scores = torch.matmul(q.unsqueeze(2), k.transpose(-1, -2)).float().mul_(self.scale)  # [b, heads, 1, span]
-        past = torch.arange(span, device=lens.device)[None, :] >= lens[:, None]
-        scores.masked_fill_(past[:, None, None, :], float("-inf"))
+        scores.add_(decode_bias(meta, lens, span))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return torch.matmul(probs, v).squeeze(2)

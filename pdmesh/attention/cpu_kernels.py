@@ -2,9 +2,9 @@
 
 They are compiled with torch's cpp_extension on first use and cached in torch's extension
 folder (``extension_build.py``: from a copy of the sources in that folder, so another checkout
-of the same sources loads the same build). The module name carries a digest of the sources, the torch version and this CPU's
-instruction-set flags: the kernels are built with ``-march=native``, and a cache built on
-an AVX-512 machine must never be loaded on an AVX2-only one.
+of the same sources loads the same build). The module name carries a digest of the sources, the torch
+install (``torch_identity``) and this CPU's instruction-set flags: the kernels are built with
+``-march=native``, and a cache built on an AVX-512 machine must never be loaded on an AVX2-only one.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import logging
 from pathlib import Path
 from types import ModuleType
 
-import torch
-
-from pdmesh.attention.extension_build import build_extension
+from pdmesh.attention.extension_build import build_extension, torch_identity
 from pdmesh.cpu import cpu_flags
 from pdmesh.errors import PdmeshError
 
@@ -40,7 +38,7 @@ def module_name(flags: str) -> str:
     digest = hashlib.sha256()
     for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
-    digest.update(torch.__version__.encode())
+    digest.update(torch_identity())
     digest.update(flags.encode())
     return f"pdmesh_cpu_kernels_{digest.hexdigest()[:12]}"
 
@@ -52,7 +50,7 @@ def tree_module_name(csrc: Path, extra_cflags: tuple[str, ...] = ()) -> str:
     digest = hashlib.sha256(" ".join(extra_cflags).encode())
     for path in sorted(p for p in csrc.iterdir() if p.is_file()):
         digest.update(path.name.encode() + path.read_bytes())
-    digest.update(torch.__version__.encode())
+    digest.update(torch_identity())
     return f"pdmesh_tree_kernels_{digest.hexdigest()[:12]}"
 
 

@@ -28,6 +28,17 @@ STAGED = "src"
 """The build folder's copy of the sources."""
 
 
+def torch_identity() -> bytes:
+    """The torch a build compiles against, for the build's name: its version and where it is
+    installed. torch writes its include and library folders into the build's compile lines,
+    so two virtual environments (a checkout's and a fresh clone's) sharing one build folder
+    each found the other's command lines in ninja's log and rebuilt everything (~3 minutes on
+    two cores) while the build looked cached, and a launcher gave the start no build time."""
+    import torch
+
+    return f"{torch.__version__}|{Path(torch.__file__).resolve().parent}".encode()
+
+
 def stage_sources(build_dir: Path, files: Sequence[Path]) -> list[Path]:
     """``files`` copied into ``build_dir/src`` (flat: headers beside the sources that
     include them); a file whose copy already holds its bytes is left untouched."""

@@ -8,7 +8,11 @@ stream on their own calls, as they do when the router runs with ``token_feed`` o
 
 Order and failure: a request's messages arrive in order on the feed; its call may end
 before its last message arrives (two streams), so the relay waits for the message that
-carries the finish reason, at most ``FEED_LAG_S``. A feed that breaks fails every request
+carries the finish reason while the feed keeps delivering, and ``FEED_LAG_S`` once it goes
+silent. (A fixed wait after the call's end failed requests under overload: the worker queues
+a step's messages for the feed and ends the call at once, so with the router reading slowly
+the feed ran seconds behind the calls' ends, every request past the wait failed as a broken
+stream, and the only decode worker was marked down.) A feed that breaks fails every request
 using it with the feed's status (UNAVAILABLE when the worker died), which the flow treats
 as it treats a broken decode stream: the request continues on another worker from the
 tokens the caller has (messages of the old worker that arrive later are dropped).
@@ -26,20 +30,22 @@ import grpc
 
 from pdmesh.rpc.clients import decode_stub
 from pdmesh.rpc.process import cancel_all
+from pdmesh.rpc.status import InferredUnavailable
 from pdmesh.v1 import worker_pb2
 
 log = logging.getLogger(__name__)
 FEED_LAG_S = 5.0
-"""How long the final message may trail its call's end before the feed counts as broken."""
+"""How long a feed may deliver nothing while a request whose call ended waits on it for its
+final message, before the request counts its stream as broken."""
 REOPEN_AFTER_S = 1.0
 """A worker whose feed failed is asked again no sooner than this."""
 _ENDED = object()
 """Queued when a fed call ended with OK: its final message is on the feed."""
 
 
-def unavailable(details: str) -> grpc.aio.AioRpcError:
+def unavailable(details: str) -> InferredUnavailable:
     """A status the flow handles as a broken decode stream (continue elsewhere)."""
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+    return InferredUnavailable(details)
 
 
 class WorkerFeed:
@@ -52,6 +58,8 @@ class WorkerFeed:
         self._queues: dict[str, asyncio.Queue[Any]] = {}
         self._task: asyncio.Task[None] | None = None
         self._tried_at = -REOPEN_AFTER_S
+        self.batch_at = 0.0
+        """Loop time the last batch arrived: a feed behind its calls' ends still delivers."""
 
     def subscribe(self, request_id: str) -> asyncio.Queue[Any] | None:
         """The queue ``request_id``'s messages will arrive on; None while the feed is not
@@ -79,6 +87,7 @@ class WorkerFeed:
         try:
             async for batch in call:
                 self.open = True
+                self.batch_at = asyncio.get_running_loop().time()
                 queues = self._queues
                 for resp in batch.responses:
                     queue = queues.get(resp.request_id)
@@ -163,11 +172,7 @@ class FedCall:
                 if not ended:
                     item = await queue.get()
                 else:
-                    try:
-                        item = await asyncio.wait_for(queue.get(), self.lag_s)
-                    except asyncio.TimeoutError:
-                        raise unavailable(f"the decode call ended but its last message did not come on the "
-                                          f"token feed within {self.lag_s:.1f} s") from None
+                    item = await self._trailing()
                 if item is _ENDED:
                     ended = True
                     continue
@@ -179,6 +184,19 @@ class FedCall:
         finally:
             watcher.cancel()
             self.feed.unsubscribe(self.request_id, queue)
+
+    async def _trailing(self) -> Any:
+        """The next message after the call ended: waited for while the feed delivers, as a
+        feed that runs behind still brings it, and given up ``lag_s`` after its last batch."""
+        loop = asyncio.get_running_loop()
+        while True:
+            silent = loop.time() - self.feed.batch_at
+            try:
+                return await asyncio.wait_for(self.queue.get(), max(0.0, self.lag_s - silent))
+            except asyncio.TimeoutError:
+                if loop.time() - self.feed.batch_at >= self.lag_s:
+                    raise unavailable(f"the decode call ended but its last message did not come: the token "
+                                      f"feed delivered nothing for {self.lag_s:.1f} s") from None
 
     async def _watch(self) -> None:
         """The call's own messages (a worker that did not hold the feed), then its end."""

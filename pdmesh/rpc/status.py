@@ -28,6 +28,17 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 )
 
 
+class InferredUnavailable(grpc.aio.AioRpcError):
+    """A call given up on from what its caller saw (a stream silent past its bound, a token
+    feed that did not bring a call's last message), not one the transport failed:
+    UNAVAILABLE, so the request takes the path of a broken stream and moves, but no sign
+    that the worker is unreachable (``Registry.call_failed`` asks it instead of marking it
+    down: marked down, the only decode worker refused every request until its next Info)."""
+
+    def __init__(self, details: str) -> None:
+        super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
 def status_for(exc: BaseException) -> grpc.StatusCode:
     """The status code for a domain error; INTERNAL for anything unexpected."""
     if isinstance(exc, grpc.aio.AioRpcError):

@@ -25,7 +25,7 @@ def replace_decode(flow: RequestFlow, exc: grpc.aio.AioRpcError, stage: str) -> 
     (``Registry.call_failed``): marked down, the only decode worker refused every
     request routed until its next Info, and one failure became many."""
     core, failed, code = flow.core, flow.decode_worker(), exc.code()
-    core.workers.call_failed(failed, code)
+    core.workers.call_failed(failed, exc)
     flow.failed_decode.add(failed.worker_id)
     try:
         replacement, held = core.route_decode(flow.hashes, exclude=flow.failed_decode, tokens=flow.kv_tokens)

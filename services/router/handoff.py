@@ -216,7 +216,7 @@ class Handoff:
             return None
         if not flow.worker_failed(exc):
             raise exc
-        flow.core.workers.call_failed(prefill, exc.code())
+        flow.core.workers.call_failed(prefill, exc)
         flow.tried.add(prefill.worker_id)
         flow.core.prefill_retries += 1
         log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, self.rid, exc.code().name,

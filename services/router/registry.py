@@ -29,6 +29,7 @@ from pdmesh.index.membership import Member
 from pdmesh.mesh_types import WorkerInfo
 from pdmesh.model.source import identity_name
 from pdmesh.rpc.clients import fetch_info
+from pdmesh.rpc.status import InferredUnavailable
 from services.router.config import RouterConfig
 from services.router.stalls import StallWatch
 
@@ -155,11 +156,12 @@ class Registry:
         ok = [w for w in self.workers if w.role == role and w.healthy]
         return [w for w in ok if not w.stalls.holding(self.cfg.stall_hold_s)] or ok
 
-    def call_failed(self, handle: WorkerHandle, code: grpc.StatusCode) -> None:
-        """A request's call to ``handle`` failed with ``code``: unreachable marks it down
+    def call_failed(self, handle: WorkerHandle, exc: grpc.aio.AioRpcError) -> None:
+        """A request's call to ``handle`` failed with ``exc``: unreachable marks it down
         (no new requests until its Info answers), full says nothing about its health,
-        anything else makes it a suspect."""
-        if code == grpc.StatusCode.UNAVAILABLE:
+        anything else, an UNAVAILABLE the router inferred included, makes it a suspect."""
+        code = exc.code()
+        if code == grpc.StatusCode.UNAVAILABLE and not isinstance(exc, InferredUnavailable):
             handle.healthy = False
         elif code != grpc.StatusCode.RESOURCE_EXHAUSTED:
             self.suspect(handle)

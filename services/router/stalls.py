@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
+from pdmesh.rpc.status import InferredUnavailable
 
 GAPS_KEPT = 256
 """Recent gaps per worker that its bound is taken from."""
@@ -88,8 +88,8 @@ async def watched(call: Any, watch: StallWatch, bound: Callable[[], float | None
         yield resp
 
 
-def stalled(worker_id: str, bound_s: float) -> grpc.aio.AioRpcError:
+def stalled(worker_id: str, bound_s: float) -> InferredUnavailable:
     """A stream that went without a message past its bound, as the failed call it is to
-    the migration path (UNAVAILABLE: ``flow.MIGRATE_ON``)."""
-    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                f"decode worker {worker_id} sent no token for {bound_s:.1f}s (stalled)")
+    the migration path (UNAVAILABLE: ``flow.MIGRATE_ON``); its worker is held off new
+    requests (``StallWatch.holding``), not marked down."""
+    return InferredUnavailable(f"decode worker {worker_id} sent no token for {bound_s:.1f}s (stalled)")

@@ -208,7 +208,9 @@ def test_3000_concurrent_streams_complete_or_are_told_to_retry(mesh: Mesh) -> No
     print(f"3000 streams in {took:.1f}s: {counts}; client max RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB; router RSS "
           f"{_rss_mib(mesh.router.popen.pid)} MiB after")
-    assert set(counts) <= {"OK", "RESOURCE_EXHAUSTED:hint"}, counts
+    # Anything else says what the router saw (a worker marked down, a stream given up on).
+    warned = [line for line in mesh.router.log.read_text().splitlines() if " WARNING " in line or " ERROR " in line]
+    assert set(counts) <= {"OK", "RESOURCE_EXHAUSTED:hint"}, (counts, warned[:20])
     # Turnover, not speed: each stream holds one of the decode worker's blocks from its
     # reservation to its end, and a full pool refuses with the hint. More than two pools'
     # worth served means blocks were freed and reserved again while the flood went on; how

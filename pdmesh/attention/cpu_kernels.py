@@ -25,7 +25,7 @@ SOURCES = tuple(Path(__file__).parent / "csrc" / f
                           "linear_rows.cpp", "kv_write.cpp", "moe_rows.cpp"))
 HEADERS = tuple(Path(__file__).parent / "csrc" / f for f in ("vec_math.h", "shared_rows.h", "row_tiles.h"))
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
-"""How the kernels are compiled (``scripts/linear_rows_avx2.py`` adds ``-mno-avx512f``)."""
+"""How the kernels are compiled (``scripts/probes/linear/linear_rows_avx2.py`` adds ``-mno-avx512f``)."""
 LDFLAGS = ("-fopenmp",)
 
 

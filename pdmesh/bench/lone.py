@@ -8,7 +8,7 @@ with a fresh prompt, and the three take turns request by request: measured one a
 other, the two halves of such a figure landed in different phases of a drifting machine
 (+5.5 to +37.8 ms in three runs on a 2-core Zen 3; docs/performance.md §26). The meshes
 idle while another one serves. A gap of 2.5x ``LEND_AFTER_IDLE_S`` before each request
-lets an idle worker lend its cores again, as ``scripts/lone_ttft_hops.py`` does. What a
+lets an idle worker lend its cores again, as ``scripts/probes/mesh/lone_ttft_hops.py`` does. What a
 request costs beyond its forward pass is split at the forward: the hops before it (the
 router's lookup and calls) and after it (the KV write, the answer, the relay).
 """

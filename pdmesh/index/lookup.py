@@ -6,7 +6,7 @@ matched prefix, not the prompt. A block whose members' fingerprint equals the pr
 block's has the same members (``update.py``), so the walk checks members one by one only
 where the holders change: checked member by member at every block, a 64-block prefix
 that 128 workers hold cost 4.1 ms of Redis time per lookup and one that 1,000 hold 33 ms
-(``scripts/route_decisions.py --holders=H`` on the code before; 0.17 and 0.51 ms now).
+(``scripts/probes/routing/route_decisions.py --holders=H`` on the code before; 0.17 and 0.51 ms now).
 The chain travels as one hex string the script cuts into ``keys.block_key`` names:
 packing a long prompt's keys as separate arguments took ~0.1 ms of a 0.5 ms lookup. (The
 keys are not declared, so the index needs one Redis, not a cluster; it is one Redis.)
@@ -76,7 +76,7 @@ read at once when they are fewer than ``live``: a conversation's own blocks afte
 system prompt many hold), and those that lack the block leave ``live`` (swapped with the
 last). The answer is grouped by depth, ``{depth, "member\\nmember...", ...}``: one
 string per depth instead of two replies per member, which redis-py parsed in ~5 ms at
-1,000 holders (``scripts/route_decisions.py --holders=1000`` before: a lookup 38.0 ms
+1,000 holders (``scripts/probes/routing/route_decisions.py --holders=1000`` before: a lookup 38.0 ms
 p50, of which Redis 33.0)."""
 
 

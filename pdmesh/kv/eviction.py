@@ -6,7 +6,7 @@ prompt used now and then). On ``pdmesh bench route-mesh``'s traffic (12 Zipf-pop
 512-token prefixes with fresh 64-token suffixes and growing conversations, prefill pools
 holding the prefixes with some room), the prefill workers computed 1.21-1.22x the
 oracle's prompt tokens over 480 requests under LRU; replayed through this pool
-(``scripts/prefix_eviction_model.py``), most of what LRU computes again are shared-prefix
+(``scripts/probes/routing/prefix_eviction_model.py``), most of what LRU computes again are shared-prefix
 blocks that one-off blocks had evicted (docs/routing.md, "Eviction").
 
 Policy ``reuse`` (the default) keeps two LRU queues of free blocks. A block whose content

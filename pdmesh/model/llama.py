@@ -187,7 +187,7 @@ class LlamaForCausalLM(nn.Module):
         """``use_linear_plan``'s measurement alone: the plan for this model's weights,
         nothing packed; with ``share``, one that another process of this machine measured
         on the same shapes and threads in the last minutes (``pdmesh.model.plan_store``).
-        ``scripts/linear_plan_probe.py`` repeats it unshared to see whether a machine's
+        ``scripts/probes/linear/linear_plan_probe.py`` repeats it unshared to see whether a machine's
         choice is stable."""
         weights = [m.weight for m in self._body_linears()] + [self._head_weight()]
         products: dict[linear_plan.Product, linear_plan.ProductFn] = {

@@ -106,6 +106,6 @@ async def _heard_out(destination: asyncio.Future[KvDestination], context: grpc.a
     first makes that write fail on the closed stream, and grpcio's asyncio client then
     reports the call INTERNAL, "Internal error from Core", over the status (grpc/grpc#36066):
     the router took a request it should refuse (INVALID_ARGUMENT) for a broken worker and
-    tried it elsewhere (9 of 2,240 calls in seven runs of scripts/refused_status_probe.py).
+    tried it elsewhere (9 of 2,240 calls in seven runs of scripts/probes/mesh/refused_status_probe.py).
     Bounded by the call's deadline (``within_call``); the prompt's blocks are already freed."""
     await within_call(context, destination)

@@ -147,7 +147,7 @@ def select_members(groups: list[tuple[int, list[str]]], limit: int,
     ``limit`` others, deepest first, a random share of the group where the limit falls.
 
     A prefix every worker holds (a shared system prompt) lists them all; weighing each
-    cost the decision 3.8 ms of Python at 1,000 holders (``scripts/route_decisions.py
+    cost the decision 3.8 ms of Python at 1,000 holders (``scripts/probes/routing/route_decisions.py
     --holders=1000`` before this), and among many
     holding the same depth a random few find one nearly as idle as the idlest of all
     (as ``CacheAwarePolicy`` samples the workers that hold nothing). Holders deeper than
@@ -167,7 +167,7 @@ def select_members(groups: list[tuple[int, list[str]]], limit: int,
 class CandidateMap:
     """Worker id -> handles over the latest candidate list, so that finding a prompt's
     holders costs a lookup per holder instead of a pass over every candidate (5.5 us
-    against a pass's ~85 at 1,000 workers: ``scripts/route_decision_parts.py``). Rebuilt when the list's members change
+    against a pass's ~85 at 1,000 workers: ``scripts/probes/routing/route_decision_parts.py``). Rebuilt when the list's members change
     (telling costs one identity comparison of two lists, a few us at 1,000) and at least
     every ``refresh_s``: a handle's id changes when an ``Info`` names it (its address until
     the first), which the list does not show."""

@@ -44,7 +44,7 @@ def through_engine_cache(kv: KVCacheManager, request_id: str, tokens: list[int])
     as a prefill takes it: its cached prefix held, blocks allocated for the rest, all
     registered once computed, then freed tail first; returns the blocks found cached. How
     the routing simulator's prefill workers serve (``EnginePool``), and what
-    ``scripts/prefix_eviction_model.py`` replays."""
+    ``scripts/probes/routing/prefix_eviction_model.py`` replays."""
     seq = Sequence(request_id, request_id, 0, SamplingParams(), len(tokens), list(tokens), 0.0)
     hits = kv.get_computed_blocks(seq)
     if not kv.allocate_slots(seq, len(tokens) - len(hits) * kv.block_size, hits):

@@ -117,7 +117,7 @@ class CacheAwarePolicy:
             # is nearly as good as the fastest of all ("power of d choices") and keeps a
             # decision cheap at 1,000 workers (docs/routing.md).
             # Drawn with replacement, repeats dropped: about a third of random.sample's
-            # cost (scripts/route_decision_parts.py), and a sample of 31 or 32 compares
+            # cost (scripts/probes/routing/route_decision_parts.py), and a sample of 31 or 32 compares
             # as well as one of 32.
             # Holders count toward the sample (a popular prefix has many), down to a
             # quarter of it drawn from the others, for a worker idler than every holder.

@@ -51,7 +51,7 @@ def test_a_request_it_refuses_waits_for_its_destination_so_the_status_stays_prec
     """A request the prefill worker refuses at once (here a token outside the vocabulary)
     is answered once the router's destination came, not before: a status sent first made
     that write fail, and grpcio's asyncio client then reported INTERNAL over it
-    (grpc/grpc#36066; 9 of 2,240 calls in scripts/refused_status_probe.py), which the router takes for a broken
+    (grpc/grpc#36066; 9 of 2,240 calls in scripts/probes/mesh/refused_status_probe.py), which the router takes for a broken
     worker. On the earlier servicer the destination's write was refused here every time."""
 
     async def run() -> tuple[bool, grpc.aio.AioRpcError]:

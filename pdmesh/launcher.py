@@ -29,7 +29,7 @@ from pdmesh.mesh_spec import (
 )
 from pdmesh.rpc.process import PARENT_ENV, ends_with_this_thread
 from pdmesh.rpc.tls import TLSFiles
-from pdmesh.start_watch import Proc, StartWatch
+from pdmesh.start_watch import Proc, StartWatch, tail_log
 from pdmesh.startup import PHASE_FILE_ENV
 
 __all__ = ["COLOCATED_PREFILL_BUSY_REQUESTS", "COLOCATED_PREFILL_BUSY_TOKENS", "Mesh", "MeshSpec", "Proc",
@@ -113,7 +113,23 @@ class Mesh:
         return self
 
     def start_redis(self, port: int | None = None) -> None:
-        self.redis_port = port or self.redis_port or free_port()
+        """redis-server on ``port`` (or the mesh's, or a free one), answering PING. A free
+        port is chosen by binding and closing, so another process can take it before Redis
+        binds it: a chosen port that Redis could not bind is chosen again (three tries)."""
+        fixed = port or self.redis_port
+        for _ in range(1 if fixed else 3):
+            self.redis_port = fixed or free_port()
+            if self._redis_answers():
+                return
+            if self.redis is not None and self.redis.popen.poll() is None:
+                break  # running but not answering: another port would not help
+        exited = self.redis is not None and self.redis.popen.poll() is not None
+        why = f" (it exited; its log:\n{tail_log(self.log_dir / 'redis.log', 5)})" if exited else ""
+        raise StartError(f"redis-server did not start on port {self.redis_port}{why}")
+
+    def _redis_answers(self) -> bool:
+        """Start redis-server on ``redis_port``; True once it answers PING (within 10 s),
+        False if it exits first or never answers."""
         log = (self.log_dir / "redis.log").open("ab")
         popen = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
@@ -122,15 +138,15 @@ class Mesh:
         )
         self.redis = Proc("redis", popen, f"127.0.0.1:{self.redis_port}")
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and popen.poll() is None:
             try:
                 with socket.create_connection(("127.0.0.1", self.redis_port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
                     if s.recv(16).startswith(b"+PONG"):
-                        return
+                        return True
             except OSError:
                 time.sleep(0.05)
-        raise StartError(f"redis-server did not start on port {self.redis_port}")
+        return False
 
     def stop_redis(self) -> None:
         if self.redis is not None:

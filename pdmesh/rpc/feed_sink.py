@@ -142,7 +142,8 @@ class Feeds:
         self.fed += 1
         msg.feed_id = self.feed_id
         call = rpc(msg, metadata=metadata, timeout=timeout)
-        return FedCall(call, feed, msg.request_id, queue, min(FEED_LAG_S, timeout))
+        deadline = asyncio.get_running_loop().time() + timeout
+        return FedCall(call, feed, msg.request_id, queue, min(FEED_LAG_S, timeout), deadline)
 
     async def close(self) -> None:
         for feed in list(self._workers.values()):
@@ -157,8 +158,10 @@ class FedCall:
     (or the feed's) is raised, and leaving unsubscribes from the feed."""
 
     def __init__(self, call: Any, feed: WorkerFeed, request_id: str, queue: asyncio.Queue[Any],
-                 lag_s: float) -> None:
+                 lag_s: float, deadline: float = float("inf")) -> None:
         self.call, self.feed, self.request_id, self.queue, self.lag_s = call, feed, request_id, queue, lag_s
+        self.deadline = deadline
+        """Loop time the request's own deadline passes: no wait on the feed outlives it."""
 
     def cancel(self) -> bool:
         return bool(self.call.cancel())
@@ -187,13 +190,18 @@ class FedCall:
 
     async def _trailing(self) -> Any:
         """The next message after the call ended: waited for while the feed delivers, as a
-        feed that runs behind still brings it, and given up ``lag_s`` after its last batch."""
+        feed that runs behind still brings it, and given up ``lag_s`` after its last batch or
+        at the request's deadline."""
         loop = asyncio.get_running_loop()
         while True:
             silent = loop.time() - self.feed.batch_at
             try:
-                return await asyncio.wait_for(self.queue.get(), max(0.0, self.lag_s - silent))
+                wait = min(self.lag_s - silent, self.deadline - loop.time())
+                return await asyncio.wait_for(self.queue.get(), max(0.0, wait))
             except asyncio.TimeoutError:
+                if loop.time() >= self.deadline:
+                    raise unavailable("the decode call ended but its last message had not come on the token "
+                                      "feed by the request's deadline") from None
                 if loop.time() - self.feed.batch_at >= self.lag_s:
                     raise unavailable(f"the decode call ended but its last message did not come: the token "
                                       f"feed delivered nothing for {self.lag_s:.1f} s") from None

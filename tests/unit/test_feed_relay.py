@@ -33,9 +33,11 @@ def _feed(delivered_ago: float) -> WorkerFeed:
     return feed
 
 
-async def _collect(queue: asyncio.Queue, lag_s: float, feed: WorkerFeed) -> list[int]:  # type: ignore[type-arg]
+async def _collect(queue: asyncio.Queue, lag_s: float, feed: WorkerFeed,  # type: ignore[type-arg]
+                   within_s: float = 60.0) -> list[int]:
     tokens: list[int] = []
-    async for resp in FedCall(EndedCall(), feed, "r", queue, lag_s):
+    deadline = asyncio.get_running_loop().time() + within_s
+    async for resp in FedCall(EndedCall(), feed, "r", queue, lag_s, deadline):
         tokens += resp.token_ids
     return tokens
 
@@ -93,3 +95,28 @@ def test_a_last_message_that_never_comes_is_unavailable_once_the_feed_is_silent(
         return loop.time() - started
 
     assert 0.15 <= asyncio.run(run()) < 0.3
+
+
+def test_a_feed_that_delivers_everything_but_the_last_message_ends_at_the_deadline() -> None:
+    async def run() -> float:
+        queue: asyncio.Queue = asyncio.Queue()  # type: ignore[type-arg]
+        queue.put_nowait(generate_pb2.GenerateResponse(token_ids=[1]))
+        feed = _feed(0.0)
+
+        async def others() -> None:
+            while True:
+                await asyncio.sleep(0.02)
+                feed.batch_at = asyncio.get_running_loop().time()
+
+        ticker = asyncio.create_task(others())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _collect(queue, 0.1, feed, within_s=0.4)
+        finally:
+            ticker.cancel()
+        assert "by the request's deadline" in (err.value.details() or "")
+        return loop.time() - started
+
+    assert 0.35 <= asyncio.run(run()) < 0.6

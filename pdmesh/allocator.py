@@ -6,7 +6,7 @@ such sizes with fresh ``mmap`` pages or trims them off the heap top once freed, 
 thread's own arena (the served engine steps in a thread) is a set of 64 MiB heaps it
 unmaps as soon as one is empty: every step page-faults its activations back in, 200,000-
 280,000 minor faults for 32 requests of 256 + 64 tokens on the default model, ~1.5-1.9 us
-each on our VMs (docs/performance.md, section 10). vLLM-CPU preloads tcmalloc for the same
+each on our VMs (docs/performance/log.md, section 10). vLLM-CPU preloads tcmalloc for the same
 reason. Raising glibc's mmap threshold to its maximum, its trim threshold out of reach,
 and keeping every thread on the main arena keeps those pages mapped and reused: no faults
 once the heap has grown to the largest step. Call it before the process starts threads

@@ -80,7 +80,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int = 4
     """Speculate only while fewer sequences than this are running: every draft is a row of
     the verification pass, and from 4 sequences on those rows cost more than they save on
-    text n-gram lookup predicts only in part (docs/performance.md, "Speculative decoding")."""
+    text n-gram lookup predicts only in part (docs/performance/log.md, "Speculative decoding")."""
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> InvalidRequestError:
@@ -150,7 +150,7 @@ class EngineConfig:
     on all of them, and a plan probed on its own share chose differently: on a 2-core Zen 3
     oneDNN's prefill product was 1.03-1.09x at one thread and up to 1.31x at two, so a
     prefill worker probing on its one core never took it, and computed a lone 256-token
-    prompt ~6% slower than one worker of the machine (docs/performance.md §27)."""
+    prompt ~6% slower than one worker of the machine (docs/performance/log.md §27)."""
     speculative: SpeculativeConfig | None = None
     """Speculative decoding; None decodes one token per step."""
     cuda_graphs: bool = True

@@ -4,7 +4,7 @@ Why: between processes on one host a KV write is a kernel copy (UCX's ``cma``,
 ``process_vm_writev``) that pins the other process's pages and copies page by page. Raw
 NIXL between two processes on 2 cores moved 16-block (4 MiB) writes at 10.8-11.0 GiB/s
 with both pools on 2 MiB pages against 7.7-7.9 GiB/s on 4 KiB pages, and 5.4-5.5 against
-3.7-4.0 GiB/s into blocks not in cache (docs/performance.md §34, §35). Our hosts run THP in
+3.7-4.0 GiB/s into blocks not in cache (docs/performance/log.md §34, §35). Our hosts run THP in
 ``madvise`` mode, so a pool gets huge pages only when it asks for them.
 
 The pool is an anonymous mapping 2 MiB larger than asked, so that a 2 MiB-aligned start

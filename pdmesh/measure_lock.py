@@ -5,7 +5,7 @@ fastest for the process's life. Workers that ``pdmesh up`` starts together used 
 measure at once: on a 2-core machine two processes of two OpenMP threads each timed a pass
 over the default model's weights at 310-324 ms where it takes 5-6 ms alone, the probe
 took 21 s instead of 1.5, and each worker kept whatever plan those figures gave
-(docs/performance.md, section 28). A file lock in the machine's temporary folder makes
+(docs/performance/log.md, section 28). A file lock in the machine's temporary folder makes
 them take turns; a wait past its deadline measures anyway and says so. A worker's
 warm-up (``engine/warm_up.py``), not a measurement but a second of work on every core it
 has, holds the same lock shared (``not_while_measuring``): never beside another process's

@@ -62,7 +62,7 @@ class MeshSpec:
         1024``), so that a burst of prompts is prefilled by the decode worker too instead of
         queueing on the prefill worker's share of the cores. With it and lent cores, 1
         prefill + 1 decode on 2 cores made 1.10-1.39x the output of one worker on a burst of
-        32 x 256 + 64 in `pdmesh bench mesh`, without it 0.70-0.80x (docs/performance.md
+        32 x 256 + 64 in `pdmesh bench mesh`, without it 0.70-0.80x (docs/performance/log.md
         §11); through `pdmesh bench serve`, 0.90x on that shape and 0.91-0.92x on prompts
         sharing four prefixes (§14).
 

@@ -4,7 +4,7 @@ KV writes go row by row into their slots (``kv_write.cpp``; torch's two advanced
 assignments per layer cost more than the copy itself, section 23). Decode tokens attend
 straight over the block tables instead of gathering and permuting every context per
 layer, which the profile showed to cost more than the attention math itself
-(docs/performance.md, section 10); float32 prefill chunks likewise read their cached
+(docs/performance/log.md, section 10); float32 prefill chunks likewise read their cached
 prefix where it lies, all of a step's chunks in one call (``paged_prefill.cpp``, section
 18). Other dtypes and head sizes prefill through the torch backend's SDPA calls, as do
 sliding-window and soft-capped layers (the decode kernel reads only a sliding layer's

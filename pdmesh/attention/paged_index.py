@@ -54,7 +54,7 @@ def paged_index(rows: list[PagedRow], block_size: int) -> PagedIndex:
 
     Built with numpy from the tables' lists: at 128 rows of 4k tokens (33k page ids) a
     step's index costs 0.7-1.2 ms of host time this way, 2.0 ms through ``torch.tensor`` of
-    a Python list (``scripts/probes/decode/paged_index_probe.py``, docs/performance.md section 49)."""
+    a Python list (``scripts/probes/decode/paged_index_probe.py``, docs/performance/log.md section 49)."""
     pages = [-(-row.kv_len // block_size) for row in rows]
     for row, n in zip(rows, pages):
         if row.kv_len < 1 or row.q_len < 1 or row.q_len > row.kv_len:

@@ -5,7 +5,7 @@ layer only the rows that sample reach the LM head. So the last layer writes ever
 K/V into the pool, as every layer does, and then runs attention, its output product, the
 MLP and the norms for the sampling rows alone: most of one layer's work less for every
 prompt token but the last (11% of a 512-token prefill for the default 8-layer model, a
-little under 1/L for an L-layer one; docs/performance.md section 36). The rows kept are
+little under 1/L for an L-layer one; docs/performance/log.md section 36). The rows kept are
 every decode row and, of each prefill chunk, the suffix from its first sampling row: a
 suffix of a chunk is itself a chunk over a cached prefix, whose keys and values the pool
 already holds."""

@@ -203,7 +203,7 @@ def _rows(x: torch.Tensor, start: int, length: int) -> torch.Tensor:
     contiguous head_dim: torch's CPU flash attention takes nothing else and falls back to
     its unfused math path (two bmms, a masked softmax, several passes) otherwise, which a
     transposed linear product (``layers.linear``, up to 256 rows) hands over. Measured in a
-    step with a 64-token chunk over a 512-token cached prefix: docs/performance.md, section 12."""
+    step with a 64-token chunk over a 512-token cached prefix: docs/performance/log.md, section 12."""
     rows = x[start : start + length]
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 

@@ -6,7 +6,7 @@ on the same cores. Both are started as ``pdmesh up`` starts them: 1 prefill + 1 
 the kvstore, and ``--prefill 0 --decode 1``. Each request goes through one of the three
 with a fresh prompt, and the three take turns request by request: measured one after the
 other, the two halves of such a figure landed in different phases of a drifting machine
-(+5.5 to +37.8 ms in three runs on a 2-core Zen 3; docs/performance.md §26). The meshes
+(+5.5 to +37.8 ms in three runs on a 2-core Zen 3; docs/performance/log.md §26). The meshes
 idle while another one serves. A gap of 2.5x ``LEND_AFTER_IDLE_S`` before each request
 lets an idle worker lend its cores again, as ``scripts/probes/mesh/lone_ttft_hops.py`` does. What a
 request costs beyond its forward pass is split at the forward: the hops before it (the

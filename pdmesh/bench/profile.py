@@ -3,7 +3,7 @@
 Builds the engine, fills ``batch`` sequences with ``context``-token prompts, then times
 pure decode steps (and, separately, one prefill step of ``batch`` x ``prefill`` tokens)
 under ``torch.profiler``; prints the top operators by self CPU time and the mean step.
-This is the profile docs/performance.md is written from.
+This is the profile docs/performance/log.md is written from.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Two ceilings: the same blocks rewritten every time (both ends stay in the CPU's 
 the best any write can do), and every write from and to blocks not touched since the
 pools were made, as a mesh writes a new request's blocks into a fresh reservation. On a
 Zen 5 EPYC, 16-block (4 MiB) writes ran at 11.7-12.3 GiB/s the first way and 6.4-6.7 GiB/s
-the second (``pdmesh bench mesh --sections kv``; docs/performance.md section 19). Both
+the second (``pdmesh bench mesh --sections kv``; docs/performance/log.md section 19). Both
 pools are made as the workers make theirs (``engine/kv_pool.py``: huge pages where the host
 allows), so the ceiling is for the same kind of memory as the mesh's writes."""
 

@@ -4,7 +4,7 @@ The engine steps in a thread of its own, back to back, and hands each step's out
 the event loop (``call_soon_threadsafe``); it never waits for the loop. So the work the
 loop does per token (detokenized outputs to protobuf, gRPC or HTTP writes) overlaps the
 next forward pass instead of sitting between two steps — measured, that gap left a core
-idle on a 2-core worker (docs/performance.md). torch releases the GIL in its kernels, so
+idle on a 2-core worker (docs/performance/log.md). torch releases the GIL in its kernels, so
 the two threads share the machine.
 
 Coroutines add requests and do hand-off bookkeeping directly under the engine's lock,

@@ -9,7 +9,7 @@ the process holds more of them than the machine has cores, each waiting thread s
 model on the main thread (weights, the zeroed KV pool: parallel regions) and then
 stepped on its engine thread held two pools; measured on 2 cores, a lone 256-token
 prefill took 147-151 ms that way against 128 ms with one pool
-(``scripts/probes/prefill/openmp_pools.py``; docs/performance.md section 14).
+(``scripts/probes/prefill/openmp_pools.py``; docs/performance/log.md section 14).
 
 A pool lives until the thread that owns it exits, and a later one-thread region on that
 thread does not shrink it (measured: no change), so the only cure is not to create a

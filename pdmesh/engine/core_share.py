@@ -5,7 +5,7 @@ mesh then leaves a share idle whenever the load is mostly one phase: during a bu
 prompts the decode worker waits for KV, and once they are prefilled the prefill worker
 waits for the next request. Measured on 2 cores (1 prefill + 1 decode, 32 x 256 + 32):
 the mesh made 0.58-0.60x the output tokens of one engine using both cores
-(docs/performance.md §11).
+(docs/performance/log.md §11).
 
 A ``CoreShare`` is one slot in a small file every worker of the machine maps (the
 launcher creates it and names each worker's slot): per slot a busy byte and the worker's
@@ -19,7 +19,7 @@ A worker that wakes up while a peer runs a step on lent cores waits for that ste
 (each slot's third byte says "running a step on borrowed cores"), at most
 ``RECLAIM_WAIT_S``: the two used to overlap for the peer's step, both on more threads
 than cores, and such a step of a 576-token prompt ran at 1,040 us a token against
-420-450 us on one thread (docs/performance.md §16). Single-byte stores and loads need
+420-450 us on one thread (docs/performance/log.md §16). Single-byte stores and loads need
 no lock; a worker that died busy only stops lending, one that died idle is lent until a
 restart takes its slot again, and one that died borrowing is waited for once, for
 ``RECLAIM_WAIT_S``, then ignored until its borrowing mark changes.
@@ -92,7 +92,7 @@ class CoreShare:
         workers than cores the shares add up to more than the machine: 2 prefill + 2
         decode on 2 cores, one core each, three busy and one idle, and the idle one's core
         lent on top made three busy workers run four threads on two cores, a two-thread
-        step waiting at each barrier for a thread that had no core (docs/performance.md
+        step waiting at each barrier for a thread that had no core (docs/performance/log.md
         §33)."""
         data = self._map[:]
         idle = busy = 0
@@ -133,7 +133,7 @@ class CoreShare:
         (~0.75 s on one core of our machines, from the 47 ms a 256-token prompt takes on
         two) ran on one core long after the peer went idle; a step sized to its cores
         lasts about as long as a full one, and the next step takes the lent cores
-        (docs/performance.md §18)."""
+        (docs/performance/log.md §18)."""
         if threads >= self.total:
             return None
         return max(MIN_PROMPT_BUDGET, max_tokens * threads // self.total)

@@ -203,7 +203,7 @@ def _block_tables(meta: AttentionMetadata, decode_tables: list[list[int]], decod
                   dev: torch.device) -> None:
     """The padded block tables the torch and CPU backends read. A backend that plans from
     the page index never reads them, and at 128 rows of 4k tokens they cost 6.7 ms of host
-    time per step (``scripts/probes/decode/paged_index_probe.py``, docs/performance.md section 49)."""
+    time per step (``scripts/probes/decode/paged_index_probe.py``, docs/performance/log.md section 49)."""
     if decode_tables:
         meta.decode_block_tables = _padded(decode_tables, dev)
         meta.decode_seq_lens = torch.tensor(decode_lens, device=dev)

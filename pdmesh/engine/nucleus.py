@@ -1,7 +1,7 @@
 """Top-k, top-p and min-p: which tokens a sampled row may draw (``filter_logits``).
 
 Each row's best tokens are looked at first instead of sorting its vocabulary
-(docs/performance.md §20).
+(docs/performance/log.md §20).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ took 0.3 ms for 64 and 1.6 ms for 1,024 on 2 cores against 6.7 ms for a full sor
 def filter_logits(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: ignore[type-arg]
     """Top-k, top-p and min-p (a dropped token's logit becomes -inf), on the head of each
     row instead of a sorted vocabulary: sorting took 6.7 ms a step for 32 rows of 8,192 on
-    2 cores, 136 ms at a 128k vocabulary (docs/performance.md §20). A row's head is its
+    2 cores, 136 ms at a 128k vocabulary (docs/performance/log.md §20). A row's head is its
     ``max(HEADS[0], top_k)`` best tokens; top-p's cut is found there when the head holds at
     least ``top_p`` of the row's mass (after top-k, as always); a row where it does not
     tries the next head, and is sorted whole past the last (``filter_logits_sorted``).

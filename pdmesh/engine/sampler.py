@@ -128,7 +128,7 @@ class Sampler:
         """Repetition (over prompt and output, as transformers), presence and frequency
         (over the output, as OpenAI), on the (row, token) pairs that occur only, from each
         sequence's cached token tensor. Row by row over the whole vocabulary this took
-        2.4 ms a step at batch 32 with 300-token contexts (docs/performance.md §20)."""
+        2.4 ms a step at batch 32 with 300-token contexts (docs/performance/log.md §20)."""
         rows = [
             i for i, s in enumerate(seqs)
             if s.params.repetition_penalty != 1.0
@@ -220,7 +220,7 @@ def draw(probs: torch.Tensor, generators: Seq[Any]) -> torch.Tensor:
     exceeds a uniform fraction of the row's total, one number per row (from the row's
     generator when it has one). The exponential race (``argmax(p / q)``, ``q ~ Exp(1)``)
     used before drew a number per vocabulary entry: 3.8 ms a step for 32 rows of 8,192
-    on 2 cores, 60 ms at a 128k vocabulary (docs/performance.md §20)."""
+    on 2 cores, 60 ms at a 128k vocabulary (docs/performance/log.md §20)."""
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
     # Below the total, so the token found has mass (a filtered token's cdf is flat).

@@ -11,7 +11,7 @@ splits the machine's cores borrows idle peers' shares: ``core_share.py``), and w
 engine thread itself went through in the forward pass: its CPU seconds (short of the wall
 time when the thread was preempted or slept: on a step of one thread, what other processes
 took from its core), its minor page faults (memory touched for the first time: a fresh
-worker's first large steps took thousands, docs/performance.md §29) and the times it was
+worker's first large steps took thousands, docs/performance/log.md §29) and the times it was
 preempted. Tab-separated, appended, a line at a time (one ``write`` of ~60 bytes per step
 of milliseconds: nothing lost when a worker is killed).
 """

@@ -6,7 +6,7 @@ kernel page by page (``pdmesh/allocator.py`` then keeps them). Measured on 2 cor
 default 40M model, 1 prefill + 1 decode worker, a burst of 32 prompts sharing 4
 prefixes), a worker's first two prompt steps took 3,900-5,900 minor page faults each
 (0.04-0.08 s of system time, about a tenth of the step); the same steps in a warm process
-took a handful (docs/performance.md §29). A long-running server pays that once; a user
+took a handful (docs/performance/log.md §29). A long-running server pays that once; a user
 who starts a mesh and sends it a burst paid it on the burst's first tokens.
 
 So a worker runs one prompt of the step's token budget (and one decode step after it)

@@ -4,7 +4,7 @@ Events are drained from the engine's block pool and applied by one script call
 (``update.py``), at most every ``interval``; given a ``wake`` event (set when the pool records its first
 new event), an idle publisher sleeps until then or its next heartbeat instead of waking
 every ``interval`` (50 times a second on an idle prefill worker; every process's
-wake-ups slow the prefills beside it: docs/performance.md section 14).
+wake-ups slow the prefills beside it: docs/performance/log.md section 14).
 
 When Redis is unreachable the worker keeps serving; events of the outage are dropped
 and, once Redis answers again, the worker replaces everything it had published with a

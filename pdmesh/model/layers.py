@@ -25,7 +25,7 @@ GATE_UP_BLOCK_BYTES = 16 << 20
 """The fused gate/up product of a long prefill chunk runs this many bytes of output at a
 time: whole, a 2,048-token chunk's [2048, 4096] float32 output (32 MiB) is past the size
 the allocator keeps for reuse, and every layer then faulted in fresh pages (262k minor
-faults and 23% more time per prompt step on the default model; docs/performance.md,
+faults and 23% more time per prompt step on the default model; docs/performance/log.md,
 section 23)."""
 
 
@@ -221,7 +221,7 @@ class GatedMLP(nn.Module):
     gate and up are two weights (as checkpoints store them) and, where oneDNN's product
     serves, one packed weight with gate's rows then up's (``gate_up``): one product per
     layer instead of two, 0.13-0.18 ms less per decode step of one to four rows on the
-    default model (docs/performance.md, section 23). Through MKL the fused product saved
+    default model (docs/performance/log.md, section 23). Through MKL the fused product saved
     nothing at decode batch sizes and cost ~10% in prefill, so the other paths keep two.
     """
 

@@ -5,7 +5,7 @@ the processor and on the row count (a decode step of 1-64 rows streams every wei
 memory; a prefill chunk of hundreds of rows is bound by arithmetic):
 - ``KERNEL``, pdmesh's few-row product (``csrc/linear_rows.cpp``, up to ``KERNEL_MAX_ROWS``):
   on AMD processors, where MKL runs its AVX2 code, whole decode steps 1.1-1.7x faster than
-  through MKL (docs/performance.md, section 12);
+  through MKL (docs/performance/log.md, section 12);
 - ``MM``, MKL's product computed transposed, ``(weight @ x.T).T`` (up to ``MM_MAX_ROWS``):
   1.2-2.6x ``F.linear``'s few-rows path at 1-256 rows on AMD (section 7);
 - ``LINEAR``, ``F.linear`` (MKL's row-major product);

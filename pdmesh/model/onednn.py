@@ -4,7 +4,7 @@ torch's CPU build sends ``F.linear`` to MKL, which on AMD processors runs its AV
 even where the CPU has AVX-512: on a 2-core AMD EPYC with AVX-512 the model's shapes ran
 at ~200 GFLOP/s through MKL and at 400-540 through oneDNN with weights packed once
 (``torch.ops.mkldnn._reorder_linear_weight``, as inductor's CPU freezing and vLLM-CPU
-do): 2.0-2.5x from 8 rows up (docs/performance.md section 15). Whether and for which row
+do): 2.0-2.5x from 8 rows up (docs/performance/log.md section 15). Whether and for which row
 counts an engine uses it is measured on its own weights (``linear_plan.choose``).
 """
 

@@ -5,7 +5,7 @@ weights of the same shapes on the same threads within ``REUSE_S``. Each process 
 measure its own, and ranges whose products are near ties went either way: on a 2-core
 Intel Xeon a worker whose plan computed 64-256 rows by oneDNN's product ran a lone
 256-token prompt 8-15 ms (10-15%) faster than one whose plan took MKL's, for their whole
-lives (docs/performance.md, section 28). With the plan shared, the workers of one mesh
+lives (docs/performance/log.md, section 28). With the plan shared, the workers of one mesh
 compute at one pace, and all but the first start ~1.5 s sooner. Past ``REUSE_S`` a process
 measures again: what else runs on a machine changes. Read and written under the
 measurement lock (``pdmesh.measure_lock``); a file that cannot be read or written costs a

@@ -2,7 +2,7 @@
 
 Without a feed each request's tokens leave on the request's own ``Decode`` stream: one
 gRPC message per token per request, written by this worker's event loop while the engine
-thread waits for the GIL to start its next step (docs/performance.md §17: 64 requests
+thread waits for the GIL to start its next step (docs/performance/log.md §17: 64 requests
 on one worker, the gap between two decode steps 6.4-7.3 ms p50, 2.7-4.9 ms with a feed).
 With a feed the messages of one step go out as one ``FeedBatch``, and the per-request
 call only carries the request's lifecycle: its deadline, its cancellation, its status.

@@ -142,7 +142,7 @@ def freeze_startup_objects() -> int:
     the model's modules, protobuf descriptors, FastAPI's routes), and every full
     collection walked them all while each of the process's threads waited: measured in a
     served decode worker, 81-91 ms per full collection, about one per 3-4 s benchmark run
-    under load, and 25-55 ms in the router (docs/performance.md, section 16). What is frozen is never
+    under load, and 25-55 ms in the router (docs/performance/log.md, section 16). What is frozen is never
     freed, which is what a service's start-up state is for; what requests allocate later
     is collected as before. vLLM freezes its start-up objects the same way.
     """
@@ -166,7 +166,7 @@ def run_service_loop(main: Coroutine[Any, Any, T]) -> T:
     uvloop by default: a service's event loop relays every streamed token (gRPC in and
     out, SSE), and on uvloop the router spent 0.27-0.29 s of CPU on the shared-prefix
     benchmark against 0.40-0.48 s on asyncio's own loop, which on a machine whose cores
-    the engines fill is time taken from them (docs/performance.md, section 16). gRPC's
+    the engines fill is time taken from them (docs/performance/log.md, section 16). gRPC's
     asyncio API runs on any asyncio loop. ``PDMESH_EVENT_LOOP=asyncio`` keeps the
     standard loop; any other value is an error, not a fallback.
     """

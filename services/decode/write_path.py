@@ -5,7 +5,7 @@ here), others entirely within the writer's own call (over shared memory UCX's ``
 copies as the write is posted). A decode worker awaiting KV polled every 2 ms for the
 whole prefill either way: on a 2-core machine ~50 passes of ~60 us per lone 256-token
 prompt, each taking a core from that very prefill's two OpenMP threads (its forward 2.5-3
-ms slower; docs/performance.md §31). The prefill worker knows which kind its writes were
+ms slower; docs/performance/log.md §31). The prefill worker knows which kind its writes were
 (DONE at the first poll, right after the call) and says so; the router passes it on with
 ``Decode`` (or ``Release``, when the first token ended the request). While the writes
 lately have all landed inline, and none has not for ``TRUST_S``, awaiting KV needs no

@@ -6,7 +6,7 @@ WRITE reserved ones after a ``Reserve``. Over shared memory (UCX's ``cma``) neit
 pass here; over TCP each part waits for one. With no NIXL progress thread (it spins a
 core), the store's event loop polls. It used to poll every 2 ms even with nothing in
 flight, 7% of a core on a 2-core machine, whose every wake-up preempts a thread of a
-worker's OpenMP team in the middle of a forward pass (docs/performance.md §27); the
+worker's OpenMP team in the middle of a forward pass (docs/performance/log.md §27); the
 workers' own pollers had been slowed down for that reason (``pdmesh/kv/transfer/poller.py``).
 Now it polls at the workers' await rate (2 ms, as before when idle) while an offload's
 reservation is open and for ``READ_WINDOW_S`` after a lookup that pinned slots (the

@@ -6,7 +6,7 @@ fetch   — before a prompt is admitted, the leading blocks this worker lacks ar
           The lookup is skipped when the router's prefix-index lookup, which lists what the
           store publishes, already says the store holds no more of the prompt than this
           worker: one gRPC round trip less before a fresh prompt's first token (1.5-1.9
-          ms on a 2-core machine, docs/performance.md §27).
+          ms on a 2-core machine, docs/performance/log.md §27).
 offload — after the decode worker has its KV, the prompt's full blocks the store lacks are
           WRITTEN into slots it reserved and committed; the worker's held blocks are freed
           only after that (or after it failed).

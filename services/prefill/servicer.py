@@ -19,7 +19,7 @@ into local blocks, so the prefill starts from them instead of recomputing.
 message, which arrives during 1-2 (the decode worker reserves meanwhile); 4 waits for it.
 It also answers twice: the first token alone at the end of 2, which the router streams to
 its caller while 4 runs (the write of a 256-token prompt took ~1 ms of a lone request's
-time to first token; docs/performance.md §38), then the whole answer after 4.
+time to first token; docs/performance/log.md §38), then the whole answer after 4.
 """
 
 from __future__ import annotations

@@ -267,7 +267,7 @@ class RouterCore:
             return ""
         # A prompt follows its prefix, or the prefix is computed on both workers: spilled
         # by the busy rule while its KV was still on its way, a group of prompts sharing a
-        # system prompt cached 0.69 of its tokens against 0.78 (docs/performance.md §14).
+        # system prompt cached 0.69 of its tokens against 0.78 (docs/performance/log.md §14).
         if decode_held > choice.cached_tokens:
             return "decode_holds"
         load = self._prefill_load(choice.worker)

@@ -2,7 +2,7 @@
 
 The prefill worker samples the first token; the decode worker then commits it and streams
 it as its first message. Waiting for that message put one more gRPC round trip (the
-``Decode`` call, 1.9 ms p50 on a 2-core machine; docs/performance.md §13) between the
+``Decode`` call, 1.9 ms p50 on a 2-core machine; docs/performance/log.md §13) between the
 prompt's last chunk and the caller's first token. So the router streams the first token as
 soon as ``Prefill`` returns, and takes it out of the decode worker's first message.
 

@@ -4,7 +4,7 @@ blocks the decode worker reserved (lifecycle steps 2-3 of ``services/router/flow
 The prefill starts first (``PrefillStream``'s first message), the decode worker reserves
 while the prompt computes, and the reservation follows as the stream's second message:
 the reservation's round trip is off the path to the first token (measured in
-docs/performance.md §17). The prefill worker answers the first token before it writes the
+docs/performance/log.md §17). The prefill worker answers the first token before it writes the
 KV, and the whole answer after (``Handoff.landed``): the write is off that path too (§38).
 Either call failing ends the other: a decode worker that is
 unreachable, full or broken mid-call is replaced and the request tried again, so is a

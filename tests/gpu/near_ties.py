@@ -17,7 +17,7 @@ NEAR_TIE = 0.1
 """Largest log-prob lead of the reference's token over the candidate's that counts as a
 tie in bf16: bf16 keeps 8 significant bits (~0.4% per rounding), so logits of a few units
 land on a grid of 1/64-1/128. On an H200 the largest lead at any divergence of the GPU
-tests was 0.0156 (docs/performance.md section 48); a real error leads by far more."""
+tests was 0.0156 (docs/performance/log.md section 48); a real error leads by far more."""
 
 
 @dataclass

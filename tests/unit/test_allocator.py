@@ -1,5 +1,5 @@
 """``keep_freed_memory``: freed activations stay mapped, so a step does not page-fault
-them back in (the cost it removes is measured in docs/performance.md, section 10)."""
+them back in (the cost it removes is measured in docs/performance/log.md, section 10)."""
 
 from __future__ import annotations
 

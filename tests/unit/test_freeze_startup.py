@@ -1,5 +1,5 @@
 """Services freeze their start-up objects: full collections under load then walk only
-what requests allocated (docs/performance.md, section 16)."""
+what requests allocated (docs/performance/log.md, section 16)."""
 
 from __future__ import annotations
 

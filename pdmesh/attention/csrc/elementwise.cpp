@@ -3,7 +3,7 @@
 // Unfused, RMSNorm is five passes over the hidden states (square, mean, rsqrt, two
 // multiplies) and rotary embedding six (negate, concatenate, two multiplies, an add, and
 // the copies between): in a 512-token prefill on two AVX2 cores they took about a third
-// of the step, more than attention (docs/performance.md). Here each is one pass per row,
+// of the step, more than attention (docs/performance/log.md). Here each is one pass per row,
 // computed in float32 in the same order of operations as the reference formulas; only the
 // summation order of the mean of squares (and FMA contraction) differs, a few ulps.
 #include <torch/extension.h>

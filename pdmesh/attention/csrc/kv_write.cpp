@@ -3,7 +3,7 @@
 // Token t's K and V rows go to block ``blocks[t]``, offset ``offsets[t]``. Two advanced-
 // index assignments in torch did the same at ~80 us a layer for a 64-token decode step
 // (index tensors built and checked, a TensorIterator per call): 0.66 ms of a 28 ms step on
-// the default model (docs/performance.md, section 23). Here it is one copy per row, and
+// the default model (docs/performance/log.md, section 23). Here it is one copy per row, and
 // the indices are checked as they are read. The rows may come strided (a slice of the
 // fused qkv product, transposed for few rows): each is copied element by element then,
 // with a memcpy where the head dimension is contiguous.

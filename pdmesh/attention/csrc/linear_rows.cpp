@@ -7,14 +7,14 @@
 // batch takes every size as requests come and go. Here each thread owns a range of
 // weight rows and reads it once, front to back; every weight load serves up to four rows
 // of x, so few rows cost little more than the weights' read and more rows approach the
-// FMA units' rate (docs/performance.md, section 12).
+// FMA units' rate (docs/performance/log.md, section 12).
 //
 // The tile: 4 rows of x by NR rows of w (3 in AVX2's sixteen registers, 6 in AVX-512's
 // thirty-two), one accumulator each over the shared dimension, then one horizontal sum
 // each. A tile's NR weight rows are one contiguous run, and the run after it is prefetched
 // into L2 while the tile computes, so the next tile's loads wait on no memory: on a 2-core
 // Xeon the model's weights at 2-16 rows streamed 1.5-1.8x faster with AVX-512, and
-// 1.3-1.6x in an AVX2-only build of the same code (docs/performance.md, section 37).
+// 1.3-1.6x in an AVX2-only build of the same code (docs/performance/log.md, section 37).
 // Results differ from MKL's only in summation order. Built only where -march=native has
 // AVX2 and FMA (module.cpp registers it then).
 #include <torch/extension.h>

@@ -10,7 +10,7 @@
 // the softmax's exp is vectorised (vec_math.h); elsewhere the dot
 // products use eight independent partial sums, which the compiler vectorises without
 // reassociating anything. The kernel is bound by memory: K rows are prefetched eight
-// tokens ahead and V rows four into L1 (docs/performance.md, section 10), both 64 tokens
+// tokens ahead and V rows four into L1 (docs/performance/log.md, section 10), both 64 tokens
 // ahead into L2 (``kFarRows``, section 41; K's a head's part at a time, section 43), and
 // sequences whose tables begin with the same blocks (a shared system prompt, served from
 // the prefix cache) read those blocks' rows once for all of them (``plan``; section 16).
@@ -66,7 +66,7 @@ template <typename T>
 
 // Asks for one KV head's part (``n`` floats from ``offset``) of the K rows ``kFarRows`` ahead
 // of the quad at t into L2, just before that head's products (shared_rows.h says why L2),
-// rather than four whole rows at once per quad: 0-7% faster (docs/performance.md, section 43).
+// rather than four whole rows at once per quad: 0-7% faster (docs/performance/log.md, section 43).
 // Both helpers are always inlined: left to the compiler, the scoring loops it made around
 // them ran 1.1-1.35x slower, with the same arithmetic and the same bits.
 template <typename T>
@@ -362,7 +362,7 @@ struct Item {
 // in common, full blocks only (prefix caching shares nothing else). Sequences that share a
 // system prompt then read its K/V once per item instead of once each: decode attention is
 // bound by memory, and a batch of 64 over four shared 512-token prefixes reads 5x fewer
-// bytes (its attention per decode step: 13.6 -> 9.0-9.5 ms, docs/performance.md §16).
+// bytes (its attention per decode step: 13.6 -> 9.0-9.5 ms, docs/performance/log.md §16).
 struct Plan {
   std::vector<int64_t> order;  // sequences, grouped
   std::vector<Item> items;

@@ -4,7 +4,7 @@
 // blocks and the chunk itself, whose K/V the backend has already written to the pool.
 // torch's flash attention needed that context gathered into one tensor first and ran at
 // about a third of the FMA units' rate on 64-token chunks over 512-token prefixes
-// (docs/performance.md, section 18); here the K and V rows are read where they lie.
+// (docs/performance/log.md, section 18); here the K and V rows are read where they lie.
 //
 // A work item is one chunk's tile of query rows for one KV head: the tile's tokens times
 // the query heads of that KV head's group, M = 4 vector widths of rows (64 with AVX-512,
@@ -38,7 +38,7 @@ namespace {
 // Keys (scores) and rows (weighted sums) per register block: KR x 4 accumulators, 4
 // vectors of Q (or of a V row) and a broadcast are 29 of AVX-512's 32 registers; with
 // AVX2's 16 they are one over and the compiler reads an operand from memory (the AVX2
-// build's speed was not measured: the machine of docs/performance.md §18 has AVX-512).
+// build's speed was not measured: the machine of docs/performance/log.md §18 has AVX-512).
 struct Vec : pdmesh::Widest {
   static constexpr int KR = REGS == 32 ? 6 : 3;
   static constexpr int PR = KR;

@@ -35,7 +35,7 @@ inline void prefetch_row(const T* p, int64_t n) {
 // each run too late for memory to stream. Asking for the rows 32-128 tokens ahead into L2
 // made the kernel 4-11% faster over private 128-768-token contexts read from memory, and
 // 0-4% over shared prefixes (whose rows mostly come from cache); a plain reader of the same
-// parts gained less asking for them into L1 (docs/performance.md, section 41).
+// parts gained less asking for them into L1 (docs/performance/log.md, section 41).
 constexpr int64_t kFarRows = 64;  // asked for into L2 (kIntoL2): L1 would lose them first
 
 }  // namespace pdmesh

@@ -54,7 +54,7 @@ inline float hmax8(__m256 v) {
 
 // out[j] = q . k[j] for four rows k[0..3] of length d (a multiple of 8): four independent
 // FMA chains, and each load of q serves all four rows; sixteen lanes at a time where the
-// CPU has AVX-512 and d allows (docs/performance.md, section 18).
+// CPU has AVX-512 and d allows (docs/performance/log.md, section 18).
 inline void dot4(const float* q, const float* const k[4], int64_t d, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #ifdef __AVX512F__

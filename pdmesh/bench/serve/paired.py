@@ -1,7 +1,7 @@
 """Two targets' rounds taken as pairs: each round's ratio, their geometric mean, and a
 Student-t interval around it.
 
-Why pairs: our benchmark machines drift by up to 20% between minutes (docs/performance.md
+Why pairs: our benchmark machines drift by up to 20% between minutes (docs/performance/log.md
 sections 42 and 46-47), more than the margins the speed goals ask about. The two runs of a
 round follow each other, so their ratio cancels most of the drift they share, and the
 spread of those ratios over rounds says whether one target is slower, where one round

@@ -6,7 +6,7 @@ on the thread that starts it: a prefill worker's event loop. Under load that thr
 the cores with the engines' OpenMP threads, which take every cycle they are given, and the
 scheduler preempts the copy once or twice mid-way: on 2 cores a 4 MiB write used 0.75-1.0
 ms of CPU and took 1.5-6 ms, so the mesh wrote KV at 0.25-0.34x of raw NIXL rewriting the
-same blocks and 0.47-0.65x of raw NIXL into fresh blocks (docs/performance.md §32). Lower
+same blocks and 0.47-0.65x of raw NIXL into fresh blocks (docs/performance/log.md §32). Lower
 niceness, a longer EEVDF slice and pinning did not keep the copy on its core (§19, §32).
 
 ``SCHED_FIFO`` does: a real-time thread is not preempted by threads of the normal classes,

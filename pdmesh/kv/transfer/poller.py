@@ -34,7 +34,7 @@ BUSY_INTERVAL_S = 0.0001
 AWAIT_INTERVAL_S = 0.002
 """Between progress passes while a reservation awaits its KV, i.e. for a whole prefill on
 another worker: at 0.1 ms these wake-ups took cores from that very prefill (on 2 cores a
-lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms; docs/performance.md
+lone 256-token prompt prefilled 20-25 ms slower, ~12%, than with 2 ms; docs/performance/log.md
 section 11). Over shared memory (UCX's ``cma``) a write needs no pass on the target at all;
 over TCP each of its parts waits for one: a decode worker whose writes have lately all
 landed within their writers' calls awaits KV without these passes
@@ -45,7 +45,7 @@ reservation lapsed must still complete, so passes never stop on a target. A new
 reservation pokes the poller onto the await rate at once (``poke``), so this interval
 delays only such lapsed writes; at 5 ms an idle decode worker woke 200 times a second,
 and every mesh process's wake-ups slow the others' prefill on a small machine
-(docs/performance.md section 14)."""
+(docs/performance/log.md section 14)."""
 
 
 @dataclass(slots=True)

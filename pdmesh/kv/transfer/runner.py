@@ -105,7 +105,7 @@ class TransferRunner:
         shared memory a write is usually DONE already (UCX's ``cma`` copies within the
         call), and the poller thread would add its wait for a core and the GIL on a busy
         worker (under load 2-7 ms p50-p90 for 4 MiB writes started in 0.6 ms;
-        docs/performance.md section 15). Returns when that poll saw the state."""
+        docs/performance/log.md section 15). Returns when that poll saw the state."""
         handle = start()
         return handle, poll_state(self.transport, handle, what), time.perf_counter()
 

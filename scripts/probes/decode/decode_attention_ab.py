@@ -12,7 +12,7 @@ alone, so that an AVX-512 machine checks and times the path AVX2-only machines r
 The pool is the engine's (``kv_pool``: one block holds every layer, on 2 MiB pages where
 the host allows), and a round calls the eight layers in turn, so each call reads its
 blocks from memory as a served decode step does; a pool of one layer stays in cache and
-hides what memory costs (docs/performance.md, sections 40 and 41). Each case prints both
+hides what memory costs (docs/performance/log.md, sections 40 and 41). Each case prints both
 builds' best and median of 15 rounds, ms per layer, once their float32 outputs, and their
 bfloat16 ones on a pool of that dtype, are found equal bit for bit.
 """

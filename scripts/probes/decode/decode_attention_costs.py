@@ -6,7 +6,7 @@ contexts with every block private, and the random serving shape.
 
 The pool here is small enough to stay in the last-level cache between calls, unlike a
 served model's eight layers: these are the kernel's compute-side costs; the engine's
-(``scripts/probes/decode/decode_step_costs.py``) include the memory traffic. docs/performance.md,
+(``scripts/probes/decode/decode_step_costs.py``) include the memory traffic. docs/performance/log.md,
 section 16.
 """
 

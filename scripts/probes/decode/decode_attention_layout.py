@@ -8,7 +8,7 @@ The engine's pool holds every layer of a block in one piece (``pdmesh/kv/layout.
 KV transfer moves a block as one descriptor; a layer's part of a block is then 32 KiB of
 every 256 KiB. A layer-major pool (one pool per layer, here) with a sequence's blocks
 adjacent lets a layer's K and V be read as one run, which a plain read does 1.8x faster
-than the engine's layout (``decode_attention_memory.py``, docs/performance.md section 40).
+than the engine's layout (``decode_attention_memory.py``, docs/performance/log.md section 40).
 This script asks what the kernel itself gains: all four layouts are read by the same build,
 eight layers in turn so that each call reads memory, calls alternated; medians, ms per
 layer, and each layout's speed-up over the engine's pool with scattered blocks (section 42).

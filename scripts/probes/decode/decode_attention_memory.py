@@ -16,7 +16,7 @@ reader sums every float of the same parts, a sequence per torch thread:
 - whole parts: each part's K and V (32 KiB) at once;
 - whole parts of a pool of one layer, a sequence's blocks side by side: what a layer-major
   layout (one layer's blocks contiguous) would let a reader stream.
-Their GB/s are the ceilings the layout and the order leave the kernel. docs/performance.md,
+Their GB/s are the ceilings the layout and the order leave the kernel. docs/performance/log.md,
 section 40.
 """
 

@@ -1,5 +1,5 @@
 """Whole decode steps of one engine with another source tree's CPU kernels against this
-tree's, alternated in one process (docs/performance.md, section 44).
+tree's, alternated in one process (docs/performance/log.md, section 44).
 
 Kernel A/Bs (``decode_attention_ab.py``, ``linear_rows_ab.py``) time a kernel alone; this
 times what a served step pays. The engine is built once; each round switches its kernels

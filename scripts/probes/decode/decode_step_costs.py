@@ -11,7 +11,7 @@ Part 2 decodes ``--batch`` sequences (default 32) of 256 random tokens, after a 
 ``--prefix`` (default none) of which there are ``--groups`` (the shared-prefix serving
 shape: 64 x (512 + 64), 4 groups), and profiles 40 steps: the median step and the ten
 calls with the most time of their own (cProfile: a C++ kernel or torch op counts whole).
-Figures from these runs are in docs/performance.md, section 10.
+Figures from these runs are in docs/performance/log.md, section 10.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How late a worker's other threads run while its engine thread decodes (docs/performance.md §15).
+"""How late a worker's other threads run while its engine thread decodes (docs/performance/log.md §15).
 
     .venv/bin/python scripts/probes/decode/gil_latency.py --model .cache/models/small-llama [--max-tokens 96]
 

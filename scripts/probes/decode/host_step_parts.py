@@ -1,6 +1,6 @@
 """Where an engine step's host time goes at a large decode batch, on the CPU alone.
 
-On a GPU the host's share of a decode step is time the GPU waits (docs/performance.md
+On a GPU the host's share of a decode step is time the GPU waits (docs/performance/log.md
 sections 48-49). This runs the engine on a CPU with a small model and times each part
 of ``LLMEngine.step`` once every sequence decodes: scheduling, the runner's ``prepare``
 (the step's tensors and attention tables), the forward, and ``_finish_step`` (sampling,

@@ -1,5 +1,5 @@
 """Whole decode steps and lone prompts under several linear plans, alternated in one
-process (docs/performance.md, section 28): the plan the engine measured at start-up, and
+process (docs/performance/log.md, section 28): the plan the engine measured at start-up, and
 the two plans the probe it replaced chose between (pdmesh's kernel up to
 ``KERNEL_MAX_ROWS`` rows then MKL, as ``PDMESH_ONEDNN=0`` runs; and oneDNN for those rows
 with the same above, its "few rows" plan); or, with ``--vary N``, the measured plan with

@@ -1,6 +1,6 @@
 """Host time per step of what the model runner builds for attention at large decode batches.
 
-A GPU step's host work runs while the GPU waits (docs/performance.md sections 48-49); this
+A GPU step's host work runs while the GPU waits (docs/performance/log.md sections 48-49); this
 times, on the CPU alone, the two forms the runner can build for a batch of decode rows:
 the padded block tables the torch and CPU backends read, and the page index flashinfer
 plans from (``pdmesh/attention/paged_index.py``).

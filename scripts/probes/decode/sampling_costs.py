@@ -1,4 +1,4 @@
-"""What sampling costs per decode step, in process (docs/performance.md §20).
+"""What sampling costs per decode step, in process (docs/performance/log.md §20).
 
     .venv/bin/python scripts/probes/decode/sampling_costs.py filter            # top-p over synthetic rows
     .venv/bin/python scripts/probes/decode/sampling_costs.py engine --temperature 0.1 --top-p 0.95

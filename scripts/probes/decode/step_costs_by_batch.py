@@ -3,7 +3,7 @@
 Decode: sequences of one of four shared 512-token prefixes plus 64 tokens of their own
 (the shared-prefix serving shape), 120 steps timed after 10. Prefill: fresh 512-token
 prompts one at a time, median of 12. For A/B runs of two commits, check the other out in
-a worktree and run this there, alternating (docs/performance.md, section 23):
+a worktree and run this there, alternating (docs/performance/log.md, section 23):
 
     .venv/bin/python scripts/probes/decode/step_costs_by_batch.py [MODEL_DIR]
     git worktree add /tmp/old COMMIT && ln -s "$PWD/.cache" /tmp/old/.cache

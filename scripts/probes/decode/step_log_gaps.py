@@ -13,7 +13,7 @@ forward pass p50 and the gap p50 before each (from the end of the previous step'
 to this one's start: sampling, rendering, scheduling and, in a worker, whatever holds the
 engine thread up). ``--in-process`` runs the serve command's shape in one engine here
 (4 prefixes of 512 tokens, 8 prompts of 64 more on each, 64 tokens out, delta outputs as a
-worker streams them; two bursts), logs its steps and summarizes them. docs/performance.md
+worker streams them; two bursts), logs its steps and summarizes them. docs/performance/log.md
 section 40.
 """
 

@@ -2,7 +2,7 @@
 
 Times, per row count, the eight layers' MLP gate/up products of the default model's shapes
 (2,048 x 512 each) packed separately against packed as one (4,096 x 512), median of 200
-calls, twice (docs/performance.md, section 23). Needs a torch with oneDNN.
+calls, twice (docs/performance/log.md, section 23). Needs a torch with oneDNN.
 
     .venv/bin/python scripts/probes/linear/gate_up_products.py
 """

@@ -1,7 +1,7 @@
 """The linear-plan probe an engine runs at start-up (``pdmesh.model.linear_plan.choose``),
 run ``N`` times over the default model's weights: one log line each, with each range's
 timings and the plan taken. Shows whether a machine's choice is stable from load to load
-(docs/performance.md, sections 25 and 28; this was ``scripts/onednn_probe.py``).
+(docs/performance/log.md, sections 25 and 28; this was ``scripts/onednn_probe.py``).
 
     .venv/bin/python scripts/probes/linear/linear_plan_probe.py [N] [MODEL_DIR]
 """

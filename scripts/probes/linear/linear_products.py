@@ -1,4 +1,4 @@
-"""The model's linear products three ways, by row count (docs/performance.md §15).
+"""The model's linear products three ways, by row count (docs/performance/log.md §15).
 
     .venv/bin/python scripts/probes/linear/linear_products.py --model .cache/models/small-llama [--threads 2]
 

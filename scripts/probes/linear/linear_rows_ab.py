@@ -1,7 +1,7 @@
 """Two builds of the few-row product (``linear_rows``) side by side in one process: over
 the default model's eight layers of weights streamed from memory as a decode step reads
 them, and over one weight per shape that stays in cache, per row count, calls alternated
-(``best_seconds_of``; docs/performance.md, section 44).
+(``best_seconds_of``; docs/performance/log.md, section 44).
 
     git worktree add /tmp/old COMMIT
     .venv/bin/python scripts/probes/linear/linear_rows_ab.py /tmp/old . [--no-avx512] [--rows 1,8,32] [--onednn]

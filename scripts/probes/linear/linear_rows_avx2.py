@@ -2,7 +2,7 @@
 here: the kernels built from ``CSRC`` with ``-mno-avx512f`` (eight lanes, the AVX2 tile),
 then ``linear_rows`` over the default model's weights, LM head included, at 1-16 rows.
 Pass another checkout's ``pdmesh/attention/csrc`` to time its code the same way
-(docs/performance.md, section 37). Not a stand-in for an AMD machine: the same AVX2 code on
+(docs/performance/log.md, section 37). Not a stand-in for an AMD machine: the same AVX2 code on
 this CPU's caches and memory.
 
     .venv/bin/python scripts/probes/linear/linear_rows_avx2.py [CSRC] [MODEL_DIR]

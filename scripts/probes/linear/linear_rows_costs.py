@@ -1,6 +1,6 @@
 """What pdmesh's few-row linear kernel buys, and a pool layout that bought nothing.
 
-Three parts, each alternating its sides in one process (docs/performance.md, sections 12
+Three parts, each alternating its sides in one process (docs/performance/log.md, sections 12
 and 22):
   1. products over the default model's eight layers of weights (qkv, o, gate/up, down),
      MKL's transposed product against ``linear_rows`` and oneDNN's packed product (where

@@ -1,5 +1,5 @@
 """The prompt phase of a shared-prefix burst in process: what a served worker's prompt
-steps would take without the server around them (docs/performance.md §29).
+steps would take without the server around them (docs/performance/log.md §29).
 
 A burst of ``--groups`` prefixes of 512 tokens, each followed by 8 prompts of 64 more
 (the `pdmesh bench serve --workload prefix` shape), computed by one engine on

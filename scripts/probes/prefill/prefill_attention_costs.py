@@ -7,7 +7,7 @@ Each shape is a step's prefill chunks (q_len, ctx_len): 64-token chunks over 512
 cached prefixes (the shared-prefix serving shape), whole 256- and 512-token prompts, one
 2,048-token prompt (a full step's budget) and 64-token chunks over 1,024-token prefixes.
 Prints the largest difference between the two outputs, and ms per call of each, best of
-two alternating rounds of ten calls. docs/performance.md, section 18.
+two alternating rounds of ten calls. docs/performance/log.md, section 18.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 2. The model's work per prompt token at 512-token prompts: every linear layer (2 FLOPs per
    weight), causal attention (QK^T and PV over on average half the prompt) and the LM head
    on the last token only; pdmesh's own, whose last layer computes past its fused q/k/v
-   product for the last token only (docs/performance.md section 36).
+   product for the last token only (docs/performance/log.md section 36).
 3. Prefill of 8 x 512 tokens, best of three alternating rounds: our engine (engine steps, as
    ``pdmesh bench engine`` runs it) and one batched ``transformers`` forward.
 Prints each side's GFLOP/s as a share of the machine's rate, and the share a prefill 1.5x

@@ -1,7 +1,7 @@
 """Where a prefill's time goes, op by op: 32 prompts of 512 random tokens through the engine
 (one token out each, as the prefill worker computes them), after a warm-up round, under
 cProfile. A C++ kernel or torch op counts whole; ``torch._C._nn.linear`` and oneDNN's calls
-are the linear products, ``paged_prefill_`` the attention. docs/performance.md, section 36.
+are the linear products, ``paged_prefill_`` the attention. docs/performance/log.md, section 36.
 
     .venv/bin/python scripts/probes/prefill/prefill_step_costs.py [MODEL]   # default .cache/models/small-llama
 """

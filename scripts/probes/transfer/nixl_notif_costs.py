@@ -1,4 +1,4 @@
-"""What a NIXL notification costs a KV write when the target polls slowly (docs/performance.md
+"""What a NIXL notification costs a KV write when the target polls slowly (docs/performance/log.md
 §13, §15).
 
     .venv/bin/python scripts/probes/transfer/nixl_notif_costs.py

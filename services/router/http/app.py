@@ -59,7 +59,7 @@ class Gate:
     A plain ASGI middleware, not ``@app.middleware("http")``: Starlette's
     ``BaseHTTPMiddleware`` relays every chunk of a streamed response through an extra
     task and memory stream, and with one SSE chunk per token that relay was among the
-    router's busiest code under load (docs/performance.md, section 16).
+    router's busiest code under load (docs/performance/log.md, section 16).
     """
 
     def __init__(self, app: Any, limit: int, api_key: str) -> None:

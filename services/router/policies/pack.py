@@ -4,7 +4,7 @@ Spreading requests over decode workers is right when each has its own cores or G
 they share the same cores (``pdmesh up`` on one machine), every decode worker reads all of
 the model's weights each step for its own share of the batch, on the same cores: on 2
 cores, 1 prefill + 2 decode workers made 0.70-0.82x the output of one worker on a burst of
-32 x 256 + 64 (docs/performance.md §32). Packing keeps one batch as large as a single
+32 x 256 + 64 (docs/performance/log.md §32). Packing keeps one batch as large as a single
 worker's would be while the other worker idles and lends its cores.
 
 The first worker in a stable order (worker id, so that every router packs onto the same

@@ -1,6 +1,6 @@
 """The C++ kernels run without the GIL: a worker's event loop (gRPC messages, streamed
 tokens) and its NIXL poller thread must not stall for the length of an attention or linear
-kernel on the engine thread (docs/performance.md section 15)."""
+kernel on the engine thread (docs/performance/log.md section 15)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pdmesh.attention.torch_backend import _rows
 def test_prefill_attention_gets_rows_with_a_contiguous_head_dim_from_a_transposed_product() -> None:
     """Up to 256 rows ``linear`` returns MKL's transposed product; the prefill attention
     must hand SDPA rows whose head_dim is contiguous, or torch leaves its flash kernel for
-    the unfused math path (docs/performance.md, section 12)."""
+    the unfused math path (docs/performance/log.md, section 12)."""
     torch.manual_seed(0)
     x, w = torch.randn(40, 64), torch.randn(3 * 8 * 16, 64)
     transposed = torch.mm(w, x.t()).t().view(40, 24, 16)  # what q/k/v views look like

@@ -110,7 +110,7 @@ def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-de
 def test_under_conditional_disaggregation_a_prompt_follows_its_prefix(llama_dir) -> None:  # type: ignore[no-untyped-def]
     """Spilled by the busy rule, a prompt whose prefix is on its way from the prefill
     worker would compute that prefix again on the decode worker: a burst sharing four
-    512-token prefixes cached 0.69 of its tokens against 0.78 (docs/performance.md §14)."""
+    512-token prefixes cached 0.69 of its tokens against 0.78 (docs/performance/log.md §14)."""
     from services.router.config import FOLLOW_LIMIT, RouterConfig
     from services.router.core import RouterCore
     from services.router.policies.base import Decision

@@ -125,6 +125,7 @@ class Mesh:
                 break  # running but not answering: another port would not help
         exited = self.redis is not None and self.redis.popen.poll() is not None
         why = f" (it exited; its log:\n{tail_log(self.log_dir / 'redis.log', 5)})" if exited else ""
+        self.stop_redis()  # one that runs without answering is not left behind
         raise StartError(f"redis-server did not start on port {self.redis_port}{why}")
 
     def _redis_answers(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -58,10 +58,11 @@ def build_request(prompt: Prompt, request_id: str = "", cache_salt: str = "",
     if isinstance(prompt, str):
         req.text = prompt
     elif prompt and isinstance(prompt[0], Mapping):
+        messages = cast(Sequence[Mapping[str, str]], prompt)  # the first is a mapping: chat messages
         req.messages.messages.extend(generate_pb2.ChatMessage(role=m["role"], content=m["content"])
-                                     for m in prompt)  # type: ignore[index]
+                                     for m in messages)
     else:
-        req.token_ids.ids.extend(prompt)  # type: ignore[arg-type]
+        req.token_ids.ids.extend(prompt)
     return req
 
 

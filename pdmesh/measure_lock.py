@@ -82,7 +82,8 @@ def _holding(what: str, mode: int, timeout: float, path: Path | None) -> Iterato
                     break
                 time.sleep(_POLL_S)
         if held and time.monotonic() - since > 1.0:
-            log.info("%s waited %.1fs for another process's measurement or warm-up to end", what, time.monotonic() - since)
+            log.info("%s waited %.1fs for another process's measurement or warm-up to end", what,
+                     time.monotonic() - since)
         yield held
     finally:
         if held:

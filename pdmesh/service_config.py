@@ -78,11 +78,11 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
-            if type(None) in args:
-                return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(name, value, inner[0])
+        if type(None) in args and (value is None or (isinstance(value, str)
+                                                      and value.lower() in ("", "none", "null"))):
+            return None
+        present = [a for a in args if a is not type(None)]
+        return _coerce(name, value, present[0])
     if origin is typing.Literal:
         if value not in args:
             raise InvalidRequestError(name, f"must be one of {list(args)}, got {value!r}")
@@ -134,4 +134,4 @@ def load_config(
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise InvalidRequestError(unknown[0], f"unknown option; known options are {sorted(fields)}")
-    return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})  # type: ignore[call-arg]
+    return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})

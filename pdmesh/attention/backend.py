@@ -81,9 +81,11 @@ class AttentionMetadata:
 class AttentionBackend(Protocol):
     """What a model layer calls; one instance per engine."""
 
-    kernels: ModuleType | None
-    """pdmesh's compiled CPU kernels when this backend runs them (the model then uses their
-    fused norms and rotary embedding too), else None."""
+    @property
+    def kernels(self) -> ModuleType | None:
+        """pdmesh's compiled CPU kernels when this backend runs them (the model then uses their
+        fused norms and rotary embedding too), else None. Read-only here, so a backend that
+        always has them may say so in its own type."""
     attends_sampled_rows: bool
     """The last layer may compute only the rows that sample (``sampled_rows.py``)."""
     wants_paged_index: bool

@@ -14,6 +14,8 @@ backend in decode too.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from pdmesh.attention.backend import AttentionMetadata
@@ -31,7 +33,7 @@ class CPUAttentionBackend(TorchAttentionBackend):
         if torch.device(device).type != "cpu":
             raise ValueError(f"the cpu attention backend runs on the CPU, not {device}")
         super().__init__(device)
-        self.kernels = load()
+        self.kernels: ModuleType = load()
         """Also the model's fused norms and rotary embedding (``use_kernels``)."""
         built = hasattr(self.kernels, "paged_prefill_")
         self._prefill_tile = (self.kernels.paged_prefill_tile_rows(), self.kernels.paged_prefill_lanes()) \

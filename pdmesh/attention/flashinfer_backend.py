@@ -79,7 +79,8 @@ class FlashInferBackend:
         if head_dim not in HEAD_DIMS:
             raise InvalidRequestError(
                 "attention_backend",
-                f"'flashinfer' computes head_dim {HEAD_DIMS}, not this model's {head_dim}; use --attention-backend torch",
+                f"'flashinfer' computes head_dim {HEAD_DIMS}, not this model's {head_dim}; "
+                "use --attention-backend torch",
             )
         self._flashinfer = import_flashinfer()
         self.device = dev

@@ -38,17 +38,17 @@ _BUILD_S = 120.0
 this is stuck."""
 
 
-class CopyRatesUnavailable(RuntimeError):
+class CopyRatesUnavailableError(RuntimeError):
     """This host cannot build the copies: not x86-64, or no C compiler."""
 
 
 @functools.cache
 def _library() -> ctypes.CDLL:
     if platform.machine() not in ("x86_64", "AMD64"):
-        raise CopyRatesUnavailable(f"the copies are x86-64 (SSE2) code; this host is {platform.machine()}")
+        raise CopyRatesUnavailableError(f"the copies are x86-64 (SSE2) code; this host is {platform.machine()}")
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise CopyRatesUnavailable("no C compiler (cc or gcc) on PATH to build the copies")
+        raise CopyRatesUnavailableError("no C compiler (cc or gcc) on PATH to build the copies")
     # Built afresh in a private folder once per process (well under a second) and loaded
     # before the folder goes: nothing shared in /tmp that another user could have put there.
     with tempfile.TemporaryDirectory(prefix="pdmesh-copy-rates-") as tmp:
@@ -57,9 +57,9 @@ def _library() -> ctypes.CDLL:
             done = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(_SOURCE), "-o", str(built)],
                                   capture_output=True, text=True, timeout=_BUILD_S)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise CopyRatesUnavailable(f"{cc} could not build {_SOURCE.name}: {e}") from e
+            raise CopyRatesUnavailableError(f"{cc} could not build {_SOURCE.name}: {e}") from e
         if done.returncode:
-            raise CopyRatesUnavailable(f"{cc} could not build {_SOURCE.name}: {done.stderr.strip()[:500]}")
+            raise CopyRatesUnavailableError(f"{cc} could not build {_SOURCE.name}: {done.stderr.strip()[:500]}")
         lib = ctypes.CDLL(str(built))
     for name in ("pdmesh_copy_stored", "pdmesh_copy_streamed"):
         getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]

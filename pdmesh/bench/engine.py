@@ -78,7 +78,7 @@ def _run_engine(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) ->
     }
 
 
-def _hf_prefill(model, prompts: list[list[int]]) -> float:  # type: ignore[no-untyped-def]
+def _hf_prefill(model, prompts: list[list[int]]) -> float:
     ids = torch.tensor(prompts)
     with torch.inference_mode():
         start = time.perf_counter()
@@ -86,7 +86,7 @@ def _hf_prefill(model, prompts: list[list[int]]) -> float:  # type: ignore[no-un
         return time.perf_counter() - start
 
 
-def _hf_generate(model, prompts: list[list[int]], new: int) -> float:  # type: ignore[no-untyped-def]
+def _hf_generate(model, prompts: list[list[int]], new: int) -> float:
     ids = torch.tensor(prompts)
     start = time.perf_counter()
     model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -121,14 +121,15 @@ def run_engine_bench(args: argparse.Namespace) -> list[Row]:
 
     # Prefill: best of three alternating rounds each (this machine's timings wander ±20%).
     pre = _prompts(2 if quick else 8, prompt_len, rng, vocab)
-    ours_s, hf_s = [], []
+    ours_prefill_s: list[float] = []
+    hf_prefill_s: list[float] = []
     for _ in range(3):
-        ours_s.append(_run_engine(engine, pre, 1)["seconds"])
+        ours_prefill_s.append(_run_engine(engine, pre, 1)["seconds"])
         engine.pool.reset_prefix_cache()
-        hf_s.append(_hf_prefill(hf, pre))
+        hf_prefill_s.append(_hf_prefill(hf, pre))
     n_tok = len(pre) * prompt_len
-    rows.append(Row(f"prefill {len(pre)}x{prompt_len} (best of 3)", "tok/s", n_tok / min(ours_s),
-                    n_tok / min(hf_s)))
+    rows.append(Row(f"prefill {len(pre)}x{prompt_len} (best of 3)", "tok/s", n_tok / min(ours_prefill_s),
+                    n_tok / min(hf_prefill_s)))
 
     # Decode at several batch sizes.
     decode_prompts: dict[int, list[list[int]]] = {}

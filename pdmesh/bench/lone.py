@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import random
 import tempfile
@@ -77,9 +78,14 @@ def bench_lone(args: argparse.Namespace, rows: list[Row], worker_args: list[str]
                     rest["mesh"] - rest["one worker"],
                     note=f"TTFT - forward: {_by_way(rest)}; forward: {_by_way(fwd)}"))
     for side in ("before", "after"):
-        ms = _p50_ms(timed, lambda r, side=side: getattr(r, side) or 0.0)
+        ms = _p50_ms(timed, functools.partial(_phase_s, side))
         rows.append(Row("lone request", f"TTFT p50 {side} the forward pass, added vs one worker (ms)",
                         ms["mesh"] - ms["one worker"], note=f"{side} the forward: {_by_way(ms)}"))
+
+
+def _phase_s(side: str, request: Lone) -> float:
+    """Seconds ``before`` or ``after`` the forward pass (0 where the step log has none)."""
+    return getattr(request, side) or 0.0
 
 
 def _p50_ms(requests: list[Lone], seconds: Callable[[Lone], float]) -> dict[str, float]:

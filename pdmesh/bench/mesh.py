@@ -174,14 +174,14 @@ def _copy_floor_rows(rows: list[Row], block_bytes: int, blocks: int, mesh_gib_s:
     what the copy under a mesh's write can reach: UCX's ``cma`` copies with plain stores,
     which read each destination line before writing it unless it is in cache. A host that
     cannot build the copies says why instead of giving figures."""
-    from pdmesh.bench.copy_rates import CopyRatesUnavailable, copy_gib_s
+    from pdmesh.bench.copy_rates import CopyRatesUnavailableError, copy_gib_s
 
     try:
         both_cached = copy_gib_s(block_bytes, blocks)
         src_cached = copy_gib_s(block_bytes, blocks, fresh_dst=True)
         plain = copy_gib_s(block_bytes, blocks, fresh_src=True, fresh_dst=True)
         streamed = copy_gib_s(block_bytes, blocks, streamed=True, fresh_src=True, fresh_dst=True)
-    except CopyRatesUnavailable as e:
+    except CopyRatesUnavailableError as e:
         print(f"kv transfer: one-core copies not measured: {e}")
         return
     section = "kv transfer: a copy, no NIXL"
@@ -236,11 +236,11 @@ def run_mesh_bench(args: argparse.Namespace) -> list[Row]:
         base = f"{r.baseline:10.3f}" if r.baseline is not None else f"{'—':>10}"
         ratio = f"{r.ratio:6.2f}x" if r.ratio is not None else ""
         print(f"{r.section:<36} {r.metric:<62} {r.value:10.3f} {base} {ratio:>7} {r.note}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    report = Path(args.out)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps({
         "bench": "mesh", "model": args.model, "dtype": args.dtype, "quick": bool(args.quick),
         "machine": platform.machine(), "rows": [asdict(r) | {"ratio": r.ratio} for r in rows],
     }, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {report}")
     return rows

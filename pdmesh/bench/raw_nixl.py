@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 
-def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst",  # type: ignore[no-untyped-def]
+def transfer_target(conn, block_bytes: int, blocks: int, name: str = "raw-dst",
                     interval: float | None = None) -> None:
     """A process's body: a NIXL agent over a zeroed pool that sends ``(metadata, base
     address)`` on ``conn``, then only drives UCX progress every ``interval`` seconds (a
@@ -75,7 +75,7 @@ _TARGET_START_S = 120.0
 """The target imports torch and NIXL and registers its pool: seconds, never minutes."""
 
 
-def target_ready(conn, proc, timeout: float = _TARGET_START_S):  # type: ignore[no-untyped-def]
+def target_ready(conn, proc, timeout: float = _TARGET_START_S):
     """The target's ``(metadata, base address)``; an error, not a hang, if it died first
     (a script without a ``__main__`` guard re-runs itself in a spawned child) or is stuck."""
     deadline = time.monotonic() + timeout
@@ -92,7 +92,7 @@ WRITE_DEADLINE_S = 30.0
 """A raw write of a few MiB takes milliseconds; one still running after this is stuck."""
 
 
-def wait_written(transport, handle, spin_s: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+def wait_written(transport, handle, spin_s: float = 0.0) -> None:
     """Poll a raw write until DONE (sleeping ``spin_s`` between polls, 0: a tight loop); an
     error if it fails or is still running after ``WRITE_DEADLINE_S``."""
     from pdmesh.kv.transfer.base import TransferState

@@ -204,7 +204,10 @@ def engine_stuck(model: str, worker_args: list[str], log_dir: str, stall_s: floa
         mesh.restart_router()
         threads, outcomes = run_all(mesh.router_address, reqs)
         deadline = time.monotonic() + STREAM_DEADLINE_S
-        while "s now" not in stuck.log.read_text() and time.monotonic() < deadline:
+        log = stuck.log
+        if log is None:
+            raise RuntimeError("the stalled worker was started without a log file to watch")
+        while "s now" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.02)  # its engine has stopped: send the new requests
         new_threads, new = run_all(mesh.router_address, fresh)
         for t in [*threads, *new_threads]:

@@ -21,12 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", help=BENCH_DTYPE_HELP)
     p.add_argument("--cases", default=",".join(CASES), help="scenarios to run (default: %(default)s)")
     p.add_argument("--worker-arg", action="append", default=[],
-                   help="an extra flag for every worker, e.g. --worker-arg=--num-blocks=512 (repeatable; default: none)")
+                   help="an extra flag for every worker, e.g. --worker-arg=--num-blocks=512 "
+                        "(repeatable; default: none)")
     p.add_argument("--log-dir", default="bench-results/stalls-logs", help="the meshes' logs (default: %(default)s)")
     p.add_argument("--out", default="bench-results/stalls.json", help="JSON report (default: %(default)s)")
 
 
-def run_stalls(args: argparse.Namespace) -> list[dict]:  # type: ignore[type-arg]
+def run_stalls(args: argparse.Namespace) -> list[dict]:
     rows = []
     for name in args.cases.split(","):
         log_dir = Path(args.log_dir) / name
@@ -40,7 +41,7 @@ def run_stalls(args: argparse.Namespace) -> list[dict]:  # type: ignore[type-arg
     return rows
 
 
-def _row(r: dict) -> str:  # type: ignore[type-arg]
+def _row(r: dict) -> str:
     def s(v: float) -> str:
         return "-" if isinstance(v, float) and math.isnan(v) else f"{v:.2f}"
 

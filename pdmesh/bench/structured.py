@@ -69,7 +69,7 @@ def _figures(done: dict[int, tuple[int, float, float]], rows: list[int]) -> dict
     return {"tokens": tokens, "tok_s": tokens / wall, "tpot_ms_p50": 1000 * tpot[len(tpot) // 2]}
 
 
-def run_structured_bench(args: argparse.Namespace) -> list[dict]:  # type: ignore[type-arg]
+def run_structured_bench(args: argparse.Namespace) -> list[dict]:
     engine = LLMEngine.from_model(args.model, dtype=args.dtype, threads=args.threads,
                                   max_num_seqs=max(64, args.requests))
     spec, n = _schema(args.items), args.requests

@@ -18,10 +18,10 @@ from pdmesh.telemetry import tracing
 
 
 class _Meta:
-    def __init__(self, md) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, md) -> None:
         self.md = md or ()
 
-    def invocation_metadata(self):  # type: ignore[no-untyped-def]
+    def invocation_metadata(self):
         return self.md
 
 

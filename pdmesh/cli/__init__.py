@@ -7,8 +7,9 @@ Every command's --help ends with examples."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pdmesh.bench import BENCH_DTYPE_HELP
 from pdmesh.cli.examples import add_examples
@@ -36,35 +37,33 @@ def _generate(args: argparse.Namespace) -> int:
     return run_generate(args)
 
 
-def _bench(name: str):  # type: ignore[no-untyped-def]
+# Each benchmark's module and entry point, imported only when that benchmark runs (torch,
+# matplotlib and transformers are slow to import for the rest of the CLI).
+_BENCHES = {
+    "engine": ("pdmesh.bench.engine", "run_engine_bench"),
+    "mesh": ("pdmesh.bench.mesh", "run_mesh_bench"),
+    "profile": ("pdmesh.bench.profile", "run_profile"),
+    "serve": ("pdmesh.bench.serve.command", "run_serve"),
+    "spec": ("pdmesh.bench.spec", "run_spec_bench"),
+    "stalls": ("pdmesh.bench.stalls", "run_stalls"),
+    "structured": ("pdmesh.bench.structured", "run_structured_bench"),
+    "route-sim": ("pdmesh.bench.routing.sim_command", "run_route_sim"),
+    "route-mesh": ("pdmesh.bench.routing.mesh_command", "run_route_mesh"),
+    "tracing": ("pdmesh.bench.tracing", "run_tracing_bench"),
+}
+
+
+def _bench(name: str) -> Callable[[argparse.Namespace], int]:
+    module, function = _BENCHES[name]
+
     def run(args: argparse.Namespace) -> int:
-        if name == "engine":
-            from pdmesh.bench.engine import run_engine_bench as bench
-        elif name == "mesh":
-            from pdmesh.bench.mesh import run_mesh_bench as bench
-        elif name == "profile":
-            from pdmesh.bench.profile import run_profile as bench
-        elif name == "serve":
-            from pdmesh.bench.serve.command import run_serve as bench
-        elif name == "spec":
-            from pdmesh.bench.spec import run_spec_bench as bench
-        elif name == "stalls":
-            from pdmesh.bench.stalls import run_stalls as bench
-        elif name == "structured":
-            from pdmesh.bench.structured import run_structured_bench as bench
-        elif name == "route-sim":
-            from pdmesh.bench.routing.sim_command import run_route_sim as bench
-        elif name == "route-mesh":
-            from pdmesh.bench.routing.mesh_command import run_route_mesh as bench
-        else:
-            from pdmesh.bench.tracing import run_tracing_bench as bench
-        bench(args)
+        getattr(importlib.import_module(module), function)(args)
         return 0
 
     return run
 
 
-def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
+def _add_model(sub) -> None:
     model = sub.add_parser("model", help="model utilities: make-tiny (a seeded test model)")
     msub = model.add_subparsers(dest="model_command", required=True)
     tiny = msub.add_parser("make-tiny", help="write a seeded random HF model folder (no download)")
@@ -86,7 +85,7 @@ def _add_model(sub) -> None:  # type: ignore[no-untyped-def]
     tiny.set_defaults(func=_make_tiny)
 
 
-def _add_generate(sub) -> None:  # type: ignore[no-untyped-def]
+def _add_generate(sub) -> None:
     from pdmesh.cli.status import add_security_flags
 
     gen = sub.add_parser("generate", help="stream one generation to the terminal, in process (--model) or "
@@ -111,7 +110,7 @@ def _add_generate(sub) -> None:  # type: ignore[no-untyped-def]
     gen.set_defaults(func=_generate)
 
 
-def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
+def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks, each printing a table and writing JSON: engine, mesh, "
                                          "profile, serve, route-sim, route-mesh, spec, tracing")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
@@ -179,7 +178,8 @@ def _add_bench(sub) -> None:  # type: ignore[no-untyped-def]
     bspec.add_argument("--num-blocks", type=int, default=2048, help="KV blocks per engine (default: 2048)")
     bspec.add_argument("--threads", type=int, default=0, help="torch threads, 0 = default (default: 0)")
     bspec.add_argument("--rounds", type=int, default=3, help="alternating rounds, best counts (default: 3)")
-    bspec.add_argument("--out", default="bench-results/spec.json", help="JSON report; a PNG beside it (default: %(default)s)")
+    bspec.add_argument("--out", default="bench-results/spec.json",
+                       help="JSON report; a PNG beside it (default: %(default)s)")
     bspec.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
     bspec.set_defaults(func=_bench("spec"))
     bstall = bsub.add_parser("stalls", help="a worker that hangs (SIGSTOP) instead of dying: streams completed, "

@@ -46,12 +46,13 @@ def run_generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, seed=args.seed, stop=tuple(args.stop or ()),
         output_kind="delta",
     )
-    engine.add_request("cli-0", engine.tokenizer.encode(prompt, add_special_tokens=False) if args.chat else prompt, params)
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=False) if args.chat else prompt
+    engine.add_request("cli-0", ids, params)
     start = time.monotonic()
     last = None
     n_out = 0  # outputs are deltas: count as they stream
 
-    def deltas():  # type: ignore[no-untyped-def]
+    def deltas():
         nonlocal last, n_out
         while engine.has_unfinished_requests():
             for out in engine.step():
@@ -88,7 +89,7 @@ def _remote(args: argparse.Namespace) -> int:
     first = None
     final = None
 
-    def texts():  # type: ignore[no-untyped-def]
+    def texts():
         nonlocal first, final
         with Client(address, timeout=args.timeout, security=security_from_args(args)) as client:
             for resp in client.generate(prompt, **sampling):
@@ -99,7 +100,7 @@ def _remote(args: argparse.Namespace) -> int:
     try:
         print_stream(texts())
     except grpc.RpcError as exc:
-        code, details = exc.code(), exc.details()  # type: ignore[attr-defined]
+        code, details = exc.code(), exc.details()
         hint = (" (no router answers there: start a mesh with pdmesh up, or give --router HOST:PORT)"
                 if code is grpc.StatusCode.UNAVAILABLE and "connect" in (details or "") else "")
         print(f"pdmesh generate: {address}: {code.name}: {details}{hint}", file=sys.stderr)

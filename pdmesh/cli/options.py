@@ -15,7 +15,7 @@ from pdmesh.service_config import field_docs, load_config
 _MISSING = dataclasses.MISSING
 
 
-def _default_text(f: dataclasses.Field) -> str:  # type: ignore[type-arg]
+def _default_text(f: dataclasses.Field) -> str:
     if f.default is not _MISSING:
         return "unset" if f.default in ("", None) else repr(f.default).strip("'")
     if f.default_factory is not _MISSING:

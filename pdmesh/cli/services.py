@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,15 +33,17 @@ def config_class(role: str) -> type:
     return KVStoreConfig
 
 
+_SERVERS = {
+    "prefill": "services.prefill.server",
+    "decode": "services.decode.server",
+    "router": "services.router.server",
+    "kvstore": "services.kvstore.server",
+}
+
+
 def _serve_function(role: str) -> Callable[[Any], Coroutine[Any, Any, None]]:
-    if role == "prefill":
-        from services.prefill.server import serve
-    elif role == "decode":
-        from services.decode.server import serve
-    elif role == "router":
-        from services.router.server import serve
-    else:
-        from services.kvstore.server import serve
+    """The role's ``serve`` coroutine, its service imported only for the role that runs."""
+    serve: Callable[[Any], Coroutine[Any, Any, None]] = importlib.import_module(_SERVERS[role]).serve
     return serve
 
 
@@ -101,7 +104,8 @@ def add_up_flags(up: argparse.ArgumentParser) -> None:
     up.add_argument("--log-dir", default=None, help="where each process logs (default: a temp folder)")
     up.add_argument("--access-log", action="store_true",
                     help="the router logs one line per finished request (default: off)")
-    up.add_argument("--ready-file", default=None, help="write the router address to this file when ready (default: unset)")
+    up.add_argument("--ready-file", default=None,
+                    help="write the router address to this file when ready (default: unset)")
     # Passed to every worker (and, where it is part of the mesh contract, router and kvstore);
     # unset flags leave each service its own default, shown here from the one source.
     from pdmesh.config import EngineArgs
@@ -168,9 +172,9 @@ def _flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
 
 def _check_up(args: argparse.Namespace) -> tuple[ModelSource, Placement]:
     """What ``pdmesh up`` can refuse before it starts a process: a worker count below zero,
-    a taken router port (gRPC or HTTP), a model that is not there, an engine option out of range. Each is a one-line error
-    naming the option, where a worker would otherwise exit at start-up (a zero block size
-    divided by zero in the kvstore) and the launcher report it with a traceback."""
+    a taken router port (gRPC or HTTP), a model that is not there, an engine option out of
+    range. Each is a one-line error naming the option, where a worker would otherwise exit
+    at start-up (a zero block size divided by zero in the kvstore) and the launcher report it with a traceback."""
     from pdmesh.config import EngineArgs
     from pdmesh.errors import InvalidRequestError
     from pdmesh.model.config import ModelConfig
@@ -249,7 +253,7 @@ def run_up(args: argparse.Namespace) -> int:
     mesh.start()
     try:
         print(f"{'redis':<10} {mesh.redis_url}")
-        for p in [*mesh.kvstore, *mesh.prefill, *mesh.decode, mesh.router]:
+        for p in [p for p in mesh.processes() if p is not mesh.redis]:
             gpu = f"  GPU {p.gpu}" if p.gpu is not None else ""
             print(f"{p.name:<10} {p.address:<22} metrics http://{p.metrics_address}/metrics{gpu}")
         if spec.http_port is not None:

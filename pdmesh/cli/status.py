@@ -10,14 +10,14 @@ import sys
 import grpc
 
 
-def add_status(sub) -> None:  # type: ignore[no-untyped-def]
+def add_status(sub) -> None:
     p = sub.add_parser("status", help="the workers a router knows, their state and load, and the index's health")
     p.add_argument("router", help="the router's gRPC address, HOST:PORT")
     add_security_flags(p)
     p.set_defaults(func=run_status)
 
 
-def add_probe(sub) -> None:  # type: ignore[no-untyped-def]
+def add_probe(sub) -> None:
     p = sub.add_parser("probe", help="exit 0 if the service at ADDRESS reports SERVING (health check)")
     p.add_argument("address", help="HOST:PORT of any pdmesh service")
     add_security_flags(p, api_key=False)
@@ -41,7 +41,7 @@ def add_security_flags(p: argparse.ArgumentParser, api_key: bool = True) -> None
         p.add_argument("--api-key", default=None, help="bearer token (default: PDMESH_API_KEY, else none)")
 
 
-def security_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def security_from_args(args: argparse.Namespace):
     import os
 
     from pdmesh.client import Security
@@ -57,7 +57,7 @@ def run_status(args: argparse.Namespace) -> int:
         try:
             resp = client.list_workers()
         except grpc.RpcError as exc:
-            print(f"pdmesh status: {args.router}: {exc.code().name}: {exc.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+            print(f"pdmesh status: {args.router}: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
     print(f"router {args.router}   prefix index: {resp.index}")
     header = ("ROLE", "WORKER", "ADDRESS", "DEVICE", "STATE", "IN-FLIGHT", "RUNNING", "WAITING", "FREE/BLOCKS",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from pdmesh.attention.flashinfer_backend import FlashInferBackend, plan
 from pdmesh.attention.paged_index import PagedIndex, paged_index
 from pdmesh.model.llama import LlamaForCausalLM
 from pdmesh.startup import set_phase
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # what graph_pool_handle() returns
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +127,7 @@ class DecodeGraphs:
         """Plan a graph's wrapper for ``paged``'s rows, padded to its ``batch``."""
         plan(wrapper, padded_index(paged, batch, self.scratch), self.num_heads, self.kv_cache[:, 0], self.scale)
 
-    def _capture(self, batch: int, pool: object) -> _Graph:
+    def _capture(self, batch: int, pool: _POOL_HANDLE) -> _Graph:
         dev = self.kv_cache.device
         wrapper = self.backend.new_wrapper({
             "qo_indptr_buf": torch.arange(batch + 1, dtype=torch.int32, device=dev),

@@ -32,7 +32,7 @@ class LLM:
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         params = params or SamplingParams()
         per_prompt = (
             [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)

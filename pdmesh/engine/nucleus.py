@@ -15,7 +15,7 @@ took 0.3 ms for 64 and 1.6 ms for 1,024 on 2 cores against 6.7 ms for a full sor
 32 rows of 128,256 29 ms for 16,384 against 136 ms."""
 
 
-def filter_logits(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: ignore[type-arg]
+def filter_logits(logits: torch.Tensor, params: list) -> torch.Tensor:
     """Top-k, top-p and min-p (a dropped token's logit becomes -inf), on the head of each
     row instead of a sorted vocabulary: sorting took 6.7 ms a step for 32 rows of 8,192 on
     2 cores, 136 ms at a 128k vocabulary (docs/performance/log.md §20). A row's head is its
@@ -41,7 +41,7 @@ def filter_logits(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: 
     return logits.masked_fill(~keep, float("-inf"))
 
 
-def _head_keep(logits: torch.Tensor, params: list, heads: tuple[int, ...] = HEADS) -> torch.Tensor:  # type: ignore[type-arg]
+def _head_keep(logits: torch.Tensor, params: list, heads: tuple[int, ...] = HEADS) -> torch.Tensor:
     """Which tokens top-k and top-p keep, for rows that ask for either."""
     vocab = logits.shape[-1]
     dev = logits.device
@@ -84,7 +84,7 @@ def _head_keep(logits: torch.Tensor, params: list, heads: tuple[int, ...] = HEAD
     return keep
 
 
-def filter_logits_sorted(logits: torch.Tensor, params: list) -> torch.Tensor:  # type: ignore[type-arg]
+def filter_logits_sorted(logits: torch.Tensor, params: list) -> torch.Tensor:
     """Top-k and top-p over the whole sorted row (the rows ``_head_keep`` cannot settle)."""
     vocab = logits.shape[-1]
     dev = logits.device

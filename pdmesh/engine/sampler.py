@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -201,11 +201,13 @@ def token_tensor(row: SamplingRow, device: torch.device) -> torch.Tensor:
     from and converts only the tokens appended since (a sequence's list only grows); a
     list replaced, or one whose last cached token changed, is converted whole. A
     ``RowView`` adds its draft tokens."""
-    seq = row.seq if isinstance(row, RowView) else row
+    # Rows other than a RowView are the engine's own sequences, which carry the cache.
+    seq = row.seq if isinstance(row, RowView) else cast(Sequence, row)
     ids = seq.token_ids
     source, cached, last = seq.token_tensor or (None, None, None)
     n = 0 if cached is None else len(cached)
-    if source is not ids or cached.device != device or n > len(ids) or (n and last != ids[n - 1]):
+    if (cached is None or source is not ids or cached.device != device or n > len(ids)
+            or (n and last != ids[n - 1])):
         cached = torch.tensor(ids, dtype=torch.long, device=device)
     elif n < len(ids):
         cached = torch.cat([cached, torch.tensor(ids[n:], dtype=torch.long, device=device)])

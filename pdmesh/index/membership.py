@@ -2,13 +2,13 @@
 
 A worker started with ``--redis-url`` announces itself under
 ``pdmesh:member:{role}:{worker_id}`` with its address and epoch, renewed every
-``interval_s`` with a TTL of ``ttl_ms`` and listed in the ``pdmesh:members`` set; on SIGTERM it rewrites the record as ``leaving``
-before it stops taking requests (``leave``). Routers poll the records (``read_members``):
-a new member is added and asked for its ``Info`` at once, a leaving one gets no new
-requests. A record that merely expires says little (a worker under heavy load can miss a
-renewal), so death is decided as before by failing ``Info`` calls; a worker that both
-fails them and has no record is forgotten. Static ``--prefill`` / ``--decode`` lists stay
-valid as seeds.
+``interval_s`` with a TTL of ``ttl_ms`` and listed in the ``pdmesh:members`` set; on
+SIGTERM it rewrites the record as ``leaving`` before it stops taking requests (``leave``).
+Routers poll the records (``read_members``): a new member is added and asked for its
+``Info`` at once, a leaving one gets no new requests. A record that merely expires says
+little (a worker under heavy load can miss a renewal), so death is decided as before by
+failing ``Info`` calls; a worker that both fails them and has no record is forgotten.
+Static ``--prefill`` / ``--decode`` lists stay valid as seeds.
 """
 
 from __future__ import annotations

@@ -31,12 +31,16 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pdmesh.index import keys
 from pdmesh.kv.block_hash import BlockHash
+
+# What XREAD answers without decode_responses: per stream, its (entry id, fields) pairs.
+_LogRead = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +167,7 @@ class IndexMirror:
         self.synced = False
         last_id, seq = await self._head(args=[keys.LOG_KEY, keys.LOG_SEQ_KEY])
         self._reset()
-        members = sorted(m.decode() for m in await self.redis.smembers(keys.PUBLISHERS_KEY))
+        members = sorted(m.decode() for m in cast(set[bytes], await self.redis.smembers(keys.PUBLISHERS_KEY)))
         for i in range(0, len(members), 32):
             pipe = self.redis.pipeline(transaction=False)
             for m in members[i:i + 32]:
@@ -183,7 +187,7 @@ class IndexMirror:
         """One read of the log (waiting up to ``block_ms`` for news; None: not at all),
         applied; returns the entries read. A gap in the numbers (entries trimmed before
         this mirror read them) unsyncs it."""
-        got = await self.redis.xread({keys.LOG_KEY: self._last_id}, count=256, block=block_ms)
+        got = cast(_LogRead, await self.redis.xread({keys.LOG_KEY: self._last_id}, count=256, block=block_ms))
         self.heard_at = time.monotonic()
         if not got:
             self.lag_s = 0.0

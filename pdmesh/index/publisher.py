@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from pdmesh.index import keys
 from pdmesh.index.update import UPDATE, IndexUpdate, resumed
+from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class IndexPublisher:
         self._update = self.redis.register_script(UPDATE)
 
     async def run(self, take_events: Callable[[], list[KVEvent]],
-                  cached_hashes: Callable[[], list[bytes]], wake: asyncio.Event | None = None) -> None:
+                  cached_hashes: Callable[[], list[BlockHash]], wake: asyncio.Event | None = None) -> None:
         """Publish forever: ``take_events`` drains new events, ``cached_hashes`` snapshots;
         ``wake``, when given, is set whenever events are waiting to be taken."""
         last_beat = 0.0
@@ -100,7 +101,7 @@ class IndexPublisher:
         stopped at its per-call bound (a clear larger than one call), else None."""
         return resumed(call, int(await self._update(args=call)))
 
-    async def snapshot(self, cached: list[bytes]) -> None:
+    async def snapshot(self, cached: list[BlockHash]) -> None:
         """Replace everything this worker published with its current prefix cache."""
         update = IndexUpdate(self.member)
         update.clear()

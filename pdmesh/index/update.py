@@ -113,7 +113,7 @@ class IndexUpdate:
         each call is atomic, and none is larger than Redis takes (a big kvstore's snapshot)."""
         head: list[str | int] = [keys.block_key(b""), self.member, keys.member_fingerprint(self.member),
                                  keys.worker_blocks_key(self.member), keys.seq_key(self.member), batch, max_ops]
-        return [head + self.ops[i:i + max_ops] for i in range(0, max(1, len(self.ops)), max_ops)]
+        return [[*head, *self.ops[i:i + max_ops]] for i in range(0, max(1, len(self.ops)), max_ops)]
 
 
 def resumed(args: list[str | int], answer: int) -> list[str | int] | None:

@@ -73,7 +73,7 @@ class BlockHasher:
             raise ValueError(
                 f"a block holds exactly {self.block_size} tokens, got {len(token_ids)}"
             )
-        parts = [parent if parent is not None else self.root]
+        parts: list[bytes] = [parent if parent is not None else self.root]
         parts.append(struct.pack(f"<{len(token_ids)}I", *token_ids))
         for key in extra_keys:
             raw = key.encode()

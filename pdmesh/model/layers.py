@@ -174,6 +174,9 @@ class RotaryEmbedding(nn.Module):
     vLLM does for a sequence that starts past it.
     """
 
+    cos: torch.Tensor  # [max_positions, head_dim], registered buffers
+    sin: torch.Tensor
+
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int) -> None:
         super().__init__()
         positions = torch.arange(max_positions, dtype=torch.int64).float()[:, None]

@@ -13,8 +13,9 @@ Only the rows that sample (``logits_indices``) go through the LM head, and, give
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import ModuleType
+from typing import cast
 
 import torch
 from torch import nn
@@ -112,7 +113,7 @@ class DecoderLayer(nn.Module):
             SparseMoE(cfg.hidden_size, cfg.moe) if cfg.moe is not None and cfg.moe.is_sparse(index)
             else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.activation))
 
-    def forward(self, h, cos, sin, kv_layer, meta, backend, last=None):  # type: ignore[no-untyped-def]
+    def forward(self, h, cos, sin, kv_layer, meta, backend, last=None):
         """The next hidden states of every row, or of ``last.rows`` alone."""
         a = self.attn(self.input_norm(h), cos, sin, kv_layer, meta, backend, last)
         if self.attn_out_norm is not None:
@@ -223,7 +224,7 @@ class LlamaForCausalLM(nn.Module):
         tables = self.rotary(positions, h.dtype)
         local = self.local_rotary(positions, h.dtype) if self.local_rotary is not None else tables
         final = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
             cos, sin = local if layer.attn.kind.local_rope else tables
             h = layer(h, cos, sin, kv_cache[:, i], meta, backend, last if i == final else None)
         h = self.norm(h[logits_indices if last is None else last.logits_indices])
@@ -243,7 +244,7 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load checkpoint tensors by the family's names (``model/weights.py``); every
         element of every parameter must be written, each tensor in its expected shape."""
-        params = dict(self.named_parameters())
+        params: dict[str, torch.Tensor] = dict(self.named_parameters())
         params.update((n, b) for n, b in self.named_buffers() if n.endswith("e_score_correction_bias"))
         written = dict.fromkeys(params, 0)
         parts: dict[str, set[IndexKey]] = {}

@@ -40,7 +40,7 @@ def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for i, file in enumerate(files):
         set_phase(f"loading weights {i + 1}/{len(files)} shards")
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - a safetensors handle lists its names only so
                 yield name, f.get_tensor(name)
 
 

@@ -32,6 +32,8 @@ class Router(nn.Module):
     """Scores, chosen experts and their weights for every token, as the family's router
     computes them in ``transformers``."""
 
+    e_score_correction_bias: torch.Tensor  # a registered buffer (DeepSeek's sigmoid router only)
+
     def __init__(self, hidden: int, cfg: MoEConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -104,7 +104,8 @@ def parse_moe(family: str, raw: dict[str, Any], layers: int) -> MoEConfig | None
         width = int(raw["moe_intermediate_size"])
         return MoEConfig(_experts(raw, "n_routed_experts", "num_local_experts"), int(raw["num_experts_per_tok"]),
                          width, frozenset(range(dense, layers)), bool(raw.get("norm_topk_prob", True)),
-                         router="sigmoid_group_topk", shared_intermediate_size=width * int(raw.get("n_shared_experts") or 0),
+                         router="sigmoid_group_topk",
+                         shared_intermediate_size=width * int(raw.get("n_shared_experts") or 0),
                          n_group=int(raw.get("n_group") or 1), topk_group=int(raw.get("topk_group") or 1),
                          routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)))
     if family == "olmoe":

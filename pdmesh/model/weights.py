@@ -143,10 +143,11 @@ def missing_parts(param: str, written: set[IndexKey], cfg: ModelConfig) -> str:
     layer, which, width = stacked.group(1), stacked.group(2), cfg.moe.intermediate_size
     names = {"gate": ("gate_proj", "w1"), "up": ("up_proj", "w3"), "down": ("down_proj", "w2")}
     experts = range(cfg.moe.num_experts)
-    expected: list[tuple[Index, str]] = ([((e,), "down") for e in experts] if which == "down" else
-                                         [((e, slice(0, width)), "gate") for e in experts]
-                                         + [((e, slice(width, 2 * width)), "up") for e in experts])
-    absent = sorted((int(dest[0]), part) for dest, part in expected if index_key(dest) not in written)
+    expected: list[tuple[int, Index, str]] = (
+        [(e, (e,), "down") for e in experts] if which == "down" else
+        [(e, (e, slice(0, width)), "gate") for e in experts]
+        + [(e, (e, slice(width, 2 * width)), "up") for e in experts])
+    absent = sorted((e, part) for e, dest, part in expected if index_key(dest) not in written)
     ckpt = f"model.layers.{layer}"
     shown = [f"{ckpt}.mlp.experts.{e}.{names[p][0]}.weight (Mixtral: block_sparse_moe.experts.{e}.{names[p][1]})"
              for e, p in absent[:4]]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 from pdmesh.errors import InvalidRequestError
-from pdmesh.mesh_types import KvDestination, WorkerInfo
+from pdmesh.mesh_types import KvDestination, Role, WorkerInfo
 from pdmesh.request import CompletionOutput, RequestOutput, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
-from pdmesh.structured.spec import StructuredOutput
+from pdmesh.structured.spec import StructuredOutput, Thinking
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
 
 _OPTIONAL_FIELDS = (
@@ -77,9 +77,10 @@ def structured_from_proto(msg: common_pb2.StructuredOutput) -> StructuredOutput:
                                   "and grammar (or leave structured_output unset)")
     if kind == "json_object" and not msg.json_object:
         raise InvalidRequestError("structured_output.json_object", "must be true when set")
+    thinking = cast(Thinking, msg.thinking)  # the wire's string; StructuredOutput checks its value
     if kind == "choice":
-        return StructuredOutput(choice=tuple(msg.choice.choices), thinking=msg.thinking)  # type: ignore[arg-type]
-    return StructuredOutput(**{kind: getattr(msg, kind)}, thinking=msg.thinking)
+        return StructuredOutput(choice=tuple(msg.choice.choices), thinking=thinking)
+    return StructuredOutput(**{kind: getattr(msg, kind)}, thinking=thinking)
 
 
 def structured_to_proto(spec: StructuredOutput) -> common_pb2.StructuredOutput:
@@ -93,7 +94,7 @@ _ROLES = {
     "": worker_pb2.WORKER_ROLE_UNSPECIFIED, "prefill": worker_pb2.WORKER_ROLE_PREFILL,
     "decode": worker_pb2.WORKER_ROLE_DECODE, "kvstore": worker_pb2.WORKER_ROLE_KVSTORE,
 }
-_ROLE_NAMES = {v: k for k, v in _ROLES.items()}
+_ROLE_NAMES: dict[int, Role] = {v: cast(Role, k) for k, v in _ROLES.items()}
 _INFO_FIELDS = tuple(f.name for f in dataclasses.fields(WorkerInfo) if f.name != "role")
 
 

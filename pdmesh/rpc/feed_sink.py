@@ -198,7 +198,7 @@ class FedCall:
             try:
                 wait = min(self.lag_s - silent, self.deadline - loop.time())
                 return await asyncio.wait_for(self.queue.get(), max(0.0, wait))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if loop.time() >= self.deadline:
                     raise unavailable("the decode call ended but its last message had not come on the token "
                                       "feed by the request's deadline") from None

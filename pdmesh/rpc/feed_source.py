@@ -19,7 +19,7 @@ MAX_BATCH = 512
 """Messages per FeedBatch: a step of a very large batch is split, far below gRPC's limit."""
 
 
-class Feed:
+class FeedQueue:
     """The messages waiting to go to one router, and the stream that sends them."""
 
     def __init__(self) -> None:
@@ -55,9 +55,9 @@ class Feeds:
     """The feeds routers hold open on this worker, by feed id."""
 
     def __init__(self) -> None:
-        self._feeds: dict[str, Feed] = {}
+        self._feeds: dict[str, FeedQueue] = {}
 
-    def get(self, feed_id: str) -> Feed | None:
+    def get(self, feed_id: str) -> FeedQueue | None:
         """The open feed ``feed_id`` names (None: not open here, or no id)."""
         return self._feeds.get(feed_id) if feed_id else None
 
@@ -66,7 +66,7 @@ class Feeds:
         old = self._feeds.get(feed_id)
         if old is not None:
             old.close()
-        feed = self._feeds[feed_id] = Feed()
+        feed = self._feeds[feed_id] = FeedQueue()
         try:
             async for batch in feed.batches():
                 yield batch

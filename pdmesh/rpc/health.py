@@ -23,4 +23,4 @@ def health_status(address: str, credentials: grpc.ChannelCredentials | None = No
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1.0)
             return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
     except grpc.RpcError as exc:
-        return f"unreachable ({exc.code().name})"  # type: ignore[attr-defined]
+        return f"unreachable ({exc.code().name})"

@@ -22,7 +22,7 @@ class KVStoreClient:
     async def info(self) -> WorkerInfo:
         return await fetch_info(self.address, self.timeout, kvstore=True)
 
-    async def lookup(self, hashes: list[bytes], pin_ms: int, metadata: Metadata = None) -> list[int]:
+    async def lookup(self, hashes: Sequence[bytes], pin_ms: int, metadata: Metadata = None) -> list[int]:
         """Slots of the leading blocks of ``hashes`` the store holds, pinned for ``pin_ms``."""
         resp = await kvstore_stub(self.address).Lookup(
             kvstore_pb2.LookupRequest(block_hashes=hashes, pin_ms=pin_ms),
@@ -30,7 +30,7 @@ class KVStoreClient:
         )
         return list(resp.slot_ids)
 
-    async def reserve(self, hashes: list[bytes], metadata: Metadata = None) -> tuple[str, list[int]]:
+    async def reserve(self, hashes: Sequence[bytes], metadata: Metadata = None) -> tuple[str, list[int]]:
         """``(reservation id, slot per hash)``; -1 where the store already holds the block."""
         resp = await kvstore_stub(self.address).Reserve(
             kvstore_pb2.StoreReserveRequest(block_hashes=hashes), metadata=metadata, timeout=self.timeout,

@@ -79,7 +79,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     that does not deserialize into INVALID_ARGUMENT naming its message (grpcio would answer
     UNKNOWN "Unexpected DecodeError" and log a traceback)."""
 
-    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
@@ -105,7 +105,7 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None, method: str) -> Callab
     def parse(raw: bytes) -> Any:
         try:
             return deserialize(raw)
-        except Exception as exc:  # DecodeError, invalid UTF-8 in a string field ...
+        except Exception as exc:  # noqa: BLE001 - DecodeError, invalid UTF-8 in a string field ...
             return _Malformed(method, exc)
 
     return parse
@@ -143,14 +143,14 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
-    async def wrapped(request, context):  # type: ignore[no-untyped-def]
+    async def wrapped(request, context):
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await fn(request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - mapped to the caller's gRPC status
             await _abort(context, exc)
 
     return wrapped
@@ -158,7 +158,7 @@ def _wrap_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _wrap_generator(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
-    async def wrapped(request, context):  # type: ignore[no-untyped-def]
+    async def wrapped(request, context):
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
@@ -166,7 +166,7 @@ def _wrap_generator(fn: Callable[..., Any]) -> Callable[..., Any]:
                 yield item
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - mapped to the caller's gRPC status
             await _abort(context, exc)
 
     return wrapped

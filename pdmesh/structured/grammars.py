@@ -24,15 +24,18 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdmesh.errors import InvalidRequestError
 from pdmesh.structured.spec import FIELD, StructuredOutput
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 log = logging.getLogger(__name__)
 MAX_COMPILED = 256
 """Compiled grammars kept per process (each a few kilobytes to a few megabytes)."""
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """JSON as ``json.dumps`` writes it. Flexible whitespace lets a weak or unlucky model pad
 an object with newlines until ``max_tokens``; fixed separators keep every output short and
 still parse anywhere."""
@@ -83,7 +86,7 @@ def _answer_text(spec: StructuredOutput) -> str:
 
         try:
             lark = gbnf_to_lark(lark)
-        except Exception as e:  # the converter raises plain exceptions for syntax errors
+        except Exception as e:  # noqa: BLE001 - the converter raises plain exceptions for syntax errors
             raise InvalidRequestError(f"{FIELD}.grammar", f"is not a valid GBNF grammar: {e}") from None
     return build.grammar_from_lark(lark)
 

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pdmesh.errors import InvalidRequestError
 
+Thinking = Literal["", "required", "optional"]
+
 MAX_SPEC_CHARS = 256 * 1024
 """The largest schema, regex or grammar one request may carry (compiling one is work for
 every worker it reaches)."""
@@ -33,7 +35,7 @@ class StructuredOutput:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     """A Lark grammar (llguidance's dialect), or GBNF as llama.cpp writes it."""
-    thinking: Literal["", "required", "optional"] = ""
+    thinking: Thinking = ""
     """A reasoning model's ``...</think>`` comes before the constrained answer: free text
     through the first ``</think>`` (required, or optional), then the constraint. Set by the
     router's reasoning parser: the constraint is on the answer, not the thinking."""

@@ -17,7 +17,7 @@ request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("pdmesh_req
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("pdmesh_trace_id", default="")
 
 
-def bind_request(request_id: str, span=None) -> None:  # type: ignore[no-untyped-def]
+def bind_request(request_id: str, span=None) -> None:
     """Tag this task's log records with the request (and its trace, when one is recorded)."""
     request_id_var.set(request_id)
     if span is not None:

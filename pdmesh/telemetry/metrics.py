@@ -20,7 +20,6 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
-from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -81,8 +80,8 @@ class SnapshotCollector(Collector):
     def __init__(self, snapshot: Callable[[], Iterable[tuple[str, str, str, Any, dict[str, str]]]]) -> None:
         self.snapshot = snapshot
 
-    def collect(self):  # type: ignore[no-untyped-def]
-        families: dict[str, Metric] = {}
+    def collect(self):
+        families: dict[str, Any] = {}  # Gauge-, Counter- or HistogramMetricFamily; add_metric differs by kind
         for kind, name, doc, value, labels in self.snapshot():
             fam = families.get(name)
             if fam is None:

@@ -77,7 +77,7 @@ def child_context(span: trace.Span) -> otel_context.Context | None:
     return trace.set_span_in_context(span)
 
 
-def incoming(grpc_context) -> otel_context.Context | None:  # type: ignore[no-untyped-def]
+def incoming(grpc_context) -> otel_context.Context | None:
     """The caller's trace context from a handler's invocation metadata."""
     if not _enabled:
         return None

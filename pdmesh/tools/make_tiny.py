@@ -11,7 +11,7 @@ import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import save_file
@@ -105,8 +105,8 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     return tok
 
 
-def model_config(arch: Arch, shape: Shape, vocab: int, tok: Tokenizer) -> dict[str, object]:
-    cfg: dict[str, object] = {
+def model_config(arch: Arch, shape: Shape, vocab: int, tok: Tokenizer) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "vocab_size": vocab,
         "hidden_size": shape.hidden,
         "intermediate_size": shape.intermediate,
@@ -152,20 +152,20 @@ def model_config(arch: Arch, shape: Shape, vocab: int, tok: Tokenizer) -> dict[s
     return cfg
 
 
-def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
+def random_weights(cfg: dict[str, Any], seed: int, device: str = "cpu",
                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """HF-named tensors drawn in a fixed order from one seeded generator on ``device``
     (a GPU draws an 8B model in seconds; its draws differ from the CPU's), on the CPU in
     ``dtype``."""
     g = torch.Generator(device=device).manual_seed(seed)
-    hidden = int(cfg["hidden_size"])  # type: ignore[call-overload]
-    heads = int(cfg["num_attention_heads"])  # type: ignore[call-overload]
-    kv = int(cfg["num_key_value_heads"])  # type: ignore[call-overload]
-    head_dim = int(cfg.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
-    inter = int(cfg["intermediate_size"])  # type: ignore[call-overload]
-    vocab = int(cfg["vocab_size"])  # type: ignore[call-overload]
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg["num_key_value_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter = int(cfg["intermediate_size"])
+    vocab = int(cfg["vocab_size"])
     arch = cfg["model_type"]
-    std = float(cfg["initializer_range"])  # type: ignore[arg-type]
+    std = float(cfg["initializer_range"])
 
     def normal(*shape: int, scale: float = std, mean: float = 0.0) -> torch.Tensor:
         draw = torch.randn(*shape, generator=g, device=device) * scale
@@ -178,7 +178,7 @@ def random_weights(cfg: dict[str, object], seed: int, device: str = "cpu",
     if arch in ("phi3", *MOE_ARCHS, "gemma2", "gemma3_text", "deepseek_v3"):  # Gemma 3's model_type: gemma3_text
         family_weights(w, cfg, normal, norm_weight)
         return w
-    for i in range(int(cfg["num_hidden_layers"])):  # type: ignore[call-overload]
+    for i in range(int(cfg["num_hidden_layers"])):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm_weight(hidden)
         w[p + "self_attn.q_proj.weight"] = normal(heads * head_dim, hidden)

@@ -3,6 +3,8 @@ their config fields and checkpoint tensor names, as each family's own folders wr
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from pdmesh.tools import TINY_ARCHS
@@ -15,7 +17,7 @@ over, and not a multiple of a block."""
 
 
 def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers: int, experts: int, top_k: int,
-                  expert_intermediate: int) -> dict[str, object]:
+                  expert_intermediate: int) -> dict[str, Any]:
     """The newer families' fields, named as each family's config.json names them."""
     half = 2 * hidden // heads // 4  # rotary frequencies of a head (head_dim / 2)
     moe = {"num_experts_per_tok": top_k, "output_router_logits": False, "router_aux_loss_coef": 0.001}
@@ -57,7 +59,7 @@ def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers
     raise ValueError(f"arch must be one of {', '.join(TINY_ARCHS)}, got {arch!r}")
 
 
-def gemma_config(arch: str, hidden: int, heads: int, layers: int) -> dict[str, object]:
+def gemma_config(arch: str, hidden: int, heads: int, layers: int) -> dict[str, Any]:
     """Gemma 2 (alternating local and global layers, soft-capped scores and logits) and
     Gemma 3 (five local layers per global one, or alternating in a 2-layer model; q/k
     norms; a local rotary table and linear scaling on the global one), as transformers 5
@@ -78,7 +80,7 @@ def gemma_config(arch: str, hidden: int, heads: int, layers: int) -> dict[str, o
 
 
 def deepseek_config(hidden: int, heads: int, max_positions: int, experts: int, expert_intermediate: int
-                    ) -> dict[str, object]:
+                    ) -> dict[str, Any]:
     """DeepSeek-V3's shape in small: latent attention (a q compression half the hidden
     width, a kv latent of a quarter plus an 8-wide shared rotary key: 40 numbers a token
     and layer against the 128 of K and V for 4 heads of 16), YaRN with its mscale, a dense
@@ -94,12 +96,12 @@ def deepseek_config(hidden: int, heads: int, max_positions: int, experts: int, e
                                 "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}}
 
 
-def _mla_weights(w: dict[str, torch.Tensor], p: str, cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
+def _mla_weights(w: dict[str, torch.Tensor], p: str, cfg: dict[str, Any], normal, norm_weight) -> None:
     """One layer's latent-attention tensors, drawn wider than the rest (scale 0.1) so that
     scores, and so the rotary embedding and the latent's expansion, decide tokens."""
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])  # type: ignore[call-overload]
-    q_rank, kv_rank = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])  # type: ignore[call-overload]
-    nope, rope, v = (int(cfg[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))  # type: ignore[call-overload]
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    q_rank, kv_rank = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])
+    nope, rope, v = (int(cfg[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     a = p + "self_attn."
     w[a + "q_a_proj.weight"] = normal(q_rank, hidden, scale=0.1)
     w[a + "q_a_layernorm.weight"] = norm_weight(q_rank)
@@ -110,15 +112,15 @@ def _mla_weights(w: dict[str, torch.Tensor], p: str, cfg: dict[str, object], nor
     w[a + "o_proj.weight"] = normal(hidden, heads * v)
 
 
-def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, norm_weight) -> None:  # type: ignore[no-untyped-def]
+def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, Any], normal, norm_weight) -> None:
     """The newer families' tensors, under each family's checkpoint names, drawn in order."""
-    arch, hidden = cfg["model_type"], int(cfg["hidden_size"])  # type: ignore[call-overload]
-    heads, kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])  # type: ignore[call-overload]
-    head_dim = int(cfg.get("head_dim") or hidden // heads)  # type: ignore[call-overload]
-    inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")  # type: ignore[call-overload]
+    arch, hidden = cfg["model_type"], int(cfg["hidden_size"])
+    heads, kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
                   or 0)
-    width = int(cfg.get("moe_intermediate_size") or inter)  # type: ignore[call-overload]
+    width = int(cfg.get("moe_intermediate_size") or inter)
     gemma = arch in ("gemma2", "gemma3_text")
     if gemma:  # Gemma's norms scale by 1 + weight
         norm_weight = lambda n: normal(n, scale=0.1)  # noqa: E731
@@ -148,8 +150,8 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
         if gemma:
             w[p + "pre_feedforward_layernorm.weight"] = norm_weight(hidden)
             w[p + "post_feedforward_layernorm.weight"] = norm_weight(hidden)
-        dense = (arch == "phi3" or gemma or i in (cfg.get("mlp_only_layers") or [])  # type: ignore[operator]
-                 or i < int(cfg.get("first_k_dense_replace") or 0))  # type: ignore[call-overload]
+        dense = (arch == "phi3" or gemma or i in (cfg.get("mlp_only_layers") or [])
+                 or i < int(cfg.get("first_k_dense_replace") or 0))
         if dense and arch == "phi3":
             w[p + "mlp.gate_up_proj.weight"] = normal(2 * inter, hidden)
             w[p + "mlp.down_proj.weight"] = normal(hidden, inter)
@@ -170,7 +172,7 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
         for e in range(experts):
             for name, shape in zip(names, ((width, hidden), (width, hidden), (hidden, width))):
                 w[p + f"{block}.experts.{e}.{name}.weight"] = normal(*shape)
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0)  # type: ignore[call-overload]
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
         if shared:
             for name, shape in (("gate_proj", (shared, hidden)), ("up_proj", (shared, hidden)),
                                 ("down_proj", (hidden, shared))):
@@ -178,4 +180,4 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, object], normal, n
             w[p + "mlp.shared_expert_gate.weight"] = normal(1, hidden)
     w["model.norm.weight"] = norm_weight(hidden)
     if not cfg["tie_word_embeddings"]:
-        w["lm_head.weight"] = normal(int(cfg["vocab_size"]), hidden)  # type: ignore[call-overload]
+        w["lm_head.weight"] = normal(int(cfg["vocab_size"]), hidden)

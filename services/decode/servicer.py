@@ -32,7 +32,7 @@ from pdmesh.rpc.convert import (
     logprob_from_proto,
     sampling_from_proto,
 )
-from pdmesh.rpc.feed_source import Feed, Feeds
+from pdmesh.rpc.feed_source import FeedQueue, Feeds
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
@@ -141,7 +141,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             # frees the reservation if we never got that far.
             self._release(rid)
 
-    async def GenerateLocal(self, request: worker_pb2.ReserveRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
+    async def GenerateLocal(  # noqa: N802 (gRPC method name)
+        self, request: worker_pb2.ReserveRequest, context
+    ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         params = self._params(request)
         await self.core.aeng.prepare(params)
         span = tracing.start_span("decode.local", tracing.incoming(context), request_id=request.request_id,
@@ -168,7 +170,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         async for batch in self.feeds.serve(request.feed_id):
             yield batch
 
-    def _feed(self, feed_id: str) -> Feed | None:
+    def _feed(self, feed_id: str) -> FeedQueue | None:
         feed = self.feeds.get(feed_id)
         if feed is None and feed_id:
             self.core.counters.feed_misses += 1

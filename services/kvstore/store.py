@@ -10,14 +10,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdmesh.kv.block_hash import BlockHash
 from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
 
 
 @dataclass
 class _Reservation:
-    slots: dict[bytes, int]
+    slots: dict[BlockHash, int]
     deadline: float
 
 
@@ -27,7 +29,7 @@ class BlockStore:
     """Slots in the pool (the byte budget divided by the block size)."""
     reservation_ttl_s: float = 30.0
     free: list[int] = field(default_factory=list)
-    stored: OrderedDict[bytes, int] = field(default_factory=OrderedDict)
+    stored: OrderedDict[BlockHash, int] = field(default_factory=OrderedDict)
     """hash -> slot, least recently used first."""
     pinned_until: dict[int, float] = field(default_factory=dict)
     reservations: dict[str, _Reservation] = field(default_factory=dict)
@@ -39,7 +41,7 @@ class BlockStore:
             raise ValueError(f"kvstore capacity must be >= 1 block, got {self.capacity}")
         self.free = list(range(self.capacity - 1, -1, -1))
 
-    def lookup(self, hashes: list[bytes], pin_s: float) -> list[int]:
+    def lookup(self, hashes: Sequence[BlockHash], pin_s: float) -> list[int]:
         """Slots of the leading run of ``hashes`` held here, pinned and marked recently used."""
         until = time.monotonic() + pin_s
         slots = []
@@ -52,13 +54,13 @@ class BlockStore:
             slots.append(slot)
         return slots
 
-    def reserve(self, hashes: list[bytes]) -> tuple[str, list[int]]:
+    def reserve(self, hashes: Sequence[BlockHash]) -> tuple[str, list[int]]:
         """A slot for each hash not held yet (-1 for held ones, or when nothing can be evicted)."""
         self.expire_reservations()
         rid = uuid.uuid4().hex[:12]
         pending = {h for r in self.reservations.values() for h in r.slots}
         out: list[int] = []
-        taken: dict[bytes, int] = {}
+        taken: dict[BlockHash, int] = {}
         for h in hashes:
             if h in self.stored or h in pending or h in taken:
                 out.append(-1)

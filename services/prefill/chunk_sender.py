@@ -23,7 +23,7 @@ from services.worker.core import WorkerCore
 
 class ChunkSender:
     def __init__(self, core: WorkerCore, rid: str, destination: asyncio.Future[KvDestination], timeout: float,
-                 span=None) -> None:  # type: ignore[no-untyped-def]
+                 span=None) -> None:
         self.core = core
         self.rid = rid
         self.destination = destination
@@ -63,7 +63,9 @@ class ChunkSender:
         decode worker drops the peer (``TransferRunner``), and a write posted after
         that on the strength of an earlier check would fail to start: a second request
         failed for the first one's fault."""
-        dest = self.dest or await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
+        dest = self.dest
+        if dest is None:
+            dest = await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
         await self.core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
         if self.dest is None:
             self.dest, self.sent = dest, dest.first_block
@@ -78,7 +80,7 @@ class ChunkSender:
                 self._wake.clear()
                 if self.ready > self.sent and not self._closing:
                     self.overlapped_blocks += await self._write(self.sent, self.ready)
-        except Exception as exc:  # surfaced by finish()
+        except Exception as exc:  # noqa: BLE001 - surfaced by finish()
             self._error = exc
 
     async def _write(self, start: int, end: int) -> int:

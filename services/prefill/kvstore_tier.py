@@ -16,6 +16,7 @@ counted, and the request goes on as if the store had missed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -74,17 +75,15 @@ class KVStoreTier:
     async def _index_has_answered(self, listed: Mapping[str, int] | None, local: int) -> bool:
         """``index_answers`` for this worker's store, its Info asked for once."""
         if listed is not None and self.store is None:
-            try:
+            with contextlib.suppress(*_FAILURES):  # not answered: the lookup says what is wrong with the store
                 await self._store_info()
-            except _FAILURES:
-                pass  # not answered: the lookup says what is wrong with the store
         return index_answers(listed, self.store, local)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
         log.warning("kvstore %s failed (%s); continuing without it", what, exc)
 
-    async def fetch(self, ids: list[int], params: SamplingParams,  # type: ignore[no-untyped-def]
+    async def fetch(self, ids: list[int], params: SamplingParams,
                     listed: Mapping[str, int] | None = None, ctx=None) -> int:
         """Import the prompt's leading blocks the store has and we lack; returns tokens
         imported. ``listed``: the router's index view of the prompt (``_index_has_answered``)."""
@@ -134,7 +133,7 @@ class KVStoreTier:
         core.kvstore_cost.observe(n * bs, time.perf_counter() - started)
         return n * bs
 
-    async def offload(self, request_id: str, ctx=None) -> None:  # type: ignore[no-untyped-def]
+    async def offload(self, request_id: str, ctx=None) -> None:
         """Copy the held prompt's full blocks the store lacks into it (call before release)."""
         core = self.core
         hashes, block_ids = core.aeng.call(lambda: core.engine.handoff.offload_plan(request_id))

@@ -216,7 +216,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             resp.kv_written_inline = inline
         return resp
 
-    async def _offload_then_release(self, rid: str, ctx) -> None:  # type: ignore[no-untyped-def]
+    async def _offload_then_release(self, rid: str, ctx) -> None:
         span = tracing.start_span("kvstore.offload", ctx, request_id=rid)
         try:
             if self.tier is not None:

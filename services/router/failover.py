@@ -40,4 +40,4 @@ def replace_decode(flow: RequestFlow, exc: grpc.aio.AioRpcError, stage: str) -> 
         flow.decode, flow.decode_held = replacement, held
         replacement.acquire()
     log.warning("decode worker %s failed %s (%s) for %s after %d tokens; continuing on %s", failed.worker_id,
-                stage, code.name, flow.request_id, len(flow.streamed_tokens), flow.decode.worker_id)
+                stage, code.name, flow.request_id, len(flow.streamed_tokens), replacement.worker_id)

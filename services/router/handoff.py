@@ -58,7 +58,7 @@ DECODE_WATCH_S = 0.25
 """How often a hand-off waiting for its KV write looks whether its decode worker is down."""
 
 
-class DecodeLost(Exception):
+class DecodeLostError(Exception):
     """The decode worker of a hand-off was marked down while its KV was being written."""
 
     def __init__(self, worker_id: str) -> None:
@@ -154,10 +154,12 @@ class Handoff:
         try:
             async with asyncio.timeout_at(self.flow.deadline):  # the call's own runs out later: see below
                 msg = await self._read_while_decode_lives()  # raises the call's status when it failed
-        except DecodeLost as exc:
-            return self._decode_lost(exc)
+        except DecodeLostError as exc:
+            self._decode_lost(exc)
+            return None
         except grpc.aio.AioRpcError as exc:
-            return await self._failed(exc)
+            await self._failed(exc)
+            return None
         except TimeoutError:
             await self.give_back()
             raise TimeoutError(f"{self.flow.request_id}: its deadline passed during its prefill") from None
@@ -185,12 +187,12 @@ class Handoff:
                 if done:
                     return reading.result()
                 if not decode.healthy:
-                    raise DecodeLost(decode.worker_id)
+                    raise DecodeLostError(decode.worker_id)
         finally:
             if not reading.done():  # left for the call's end (its stop reads on: prefill_call.py)
                 reading.add_done_callback(_retrieved)
 
-    def _decode_lost(self, exc: DecodeLost) -> None:
+    def _decode_lost(self, exc: DecodeLostError) -> None:
         """The decode worker was marked down while its KV was written: the request goes on
         elsewhere at once (``failover.replace_decode``: from the first token on, the next
         worker prefills it by itself), and the reservation goes back in the background once

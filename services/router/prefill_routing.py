@@ -103,8 +103,8 @@ class PrefillRouter:
                 log.warning("prefix index lookup failed (%s)", exc)
             if isinstance(exc, RedisTimeoutError | TimeoutError):
                 self.index_timeouts += 1
-                matched = self.by_id.holding(candidates, {}, self.recent.depths(hashes))
-                return IndexSeen({w.worker_id: n for w, n in matched.items()}, 0, list(matched))
+                held = self.by_id.holding(candidates, {}, self.recent.depths(hashes))
+                return IndexSeen({w.worker_id: n for w, n in held.items()}, 0, list(held))
             self.index_fallbacks += 1
             if self.index_failing_since is None:
                 self.index_failing_since = self.clock()
@@ -167,10 +167,10 @@ def select_members(groups: list[tuple[int, list[str]]], limit: int,
 class CandidateMap:
     """Worker id -> handles over the latest candidate list, so that finding a prompt's
     holders costs a lookup per holder instead of a pass over every candidate (5.5 us
-    against a pass's ~85 at 1,000 workers: ``scripts/probes/routing/route_decision_parts.py``). Rebuilt when the list's members change
-    (telling costs one identity comparison of two lists, a few us at 1,000) and at least
-    every ``refresh_s``: a handle's id changes when an ``Info`` names it (its address until
-    the first), which the list does not show."""
+    against a pass's ~85 at 1,000 workers: ``scripts/probes/routing/route_decision_parts.py``).
+    Rebuilt when the list's members change (telling costs one identity comparison of two
+    lists, a few us at 1,000) and at least every ``refresh_s``: a handle's id changes when
+    an ``Info`` names it (its address until the first), which the list does not show."""
 
     def __init__(self, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.refresh_s = refresh_s

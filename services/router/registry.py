@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -141,6 +142,11 @@ class WorkerHandle:
             self.release(tokens)
 
 
+def _forget(polls: dict[WorkerHandle, asyncio.Task[None]], worker: WorkerHandle, _: asyncio.Task[None]) -> None:
+    """A finished Info poll leaves the table, so the next round starts another."""
+    polls.pop(worker, None)
+
+
 class Registry:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
@@ -241,7 +247,7 @@ class Registry:
             for w in self.workers:
                 if w not in polls:
                     polls[w] = task = asyncio.get_running_loop().create_task(self._refresh(w))
-                    task.add_done_callback(lambda _, w=w: polls.pop(w, None))
+                    task.add_done_callback(functools.partial(_forget, polls, w))
             await asyncio.sleep(self.cfg.info_interval_s)
 
     def sync_members(self, members: list[Member]) -> list[WorkerHandle]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pdmesh.rpc.process import cancel_all
 
@@ -19,13 +19,13 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
         async for item in streams[0]:
             yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()  # an item, the error or _DONE
 
     async def pump(i: int, stream: AsyncIterator[T]) -> None:
         try:
             async for item in stream:
                 queue.put_nowait((i, item))
-        except Exception as exc:  # handed to the reader, which re-raises it
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which re-raises it
             queue.put_nowait((i, exc))
             return
         queue.put_nowait((i, _DONE))
@@ -34,12 +34,12 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
     try:
         running = len(tasks)
         while running:
-            i, item = await queue.get()
-            if item is _DONE:
+            i, got = await queue.get()
+            if got is _DONE:
                 running -= 1
-            elif isinstance(item, Exception):
-                raise item
+            elif isinstance(got, Exception):
+                raise got
             else:
-                yield i, item  # type: ignore[misc]
+                yield i, cast(T, got)
     finally:
         await cancel_all(tasks)

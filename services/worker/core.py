@@ -7,6 +7,7 @@ and runs KV transfers against a deadline, counting what moved.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -201,7 +202,8 @@ class WorkerCore:
             if left <= 0:
                 raise TransferFailedError(f"NIXL connection to {worker_id} was dropped again within {timeout:.1f}s")
             # The margin lets the call's own deadline error (with its gRPC status) arrive first.
-            await self._connects.run(worker_id, lambda: self._connect(worker_id, address, left, kvstore), left + 0.5)
+            await self._connects.run(worker_id, functools.partial(self._connect, worker_id, address, left, kvstore),
+                                     left + 0.5)
 
     def connected(self, worker_id: str) -> bool:
         """The peer is registered and no connection attempt to it is in flight: one may
@@ -254,7 +256,7 @@ class WorkerCore:
         started = time.perf_counter()
         deadline = time.monotonic() + timeout
         try:
-            for reads in range(1, WARM_READS + 1):
+            for reads in range(1, WARM_READS + 1):  # noqa: B007 - the count is logged after the loop
                 moved = await self.transfers.read(peer, [blocks[0].block_id], [0], deadline - time.monotonic())
                 if moved.inline or time.monotonic() >= deadline:
                     break

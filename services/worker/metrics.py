@@ -14,7 +14,7 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
     """Call under the engine lock."""
     eng, c = core.engine, core.counters
     s = eng.pool.stats()
-    role = {"role": core.cfg.role}
+    role: dict[str, str] = {"role": core.cfg.role}
     prompt = c.cached_prompt_tokens + c.computed_prompt_tokens
     blocks = "KV blocks by state"
     tokens = "Prompt tokens by source"

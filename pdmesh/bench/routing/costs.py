@@ -28,7 +28,7 @@ def measure(model: str, dtype: str = "float32", short: int = 128, long: int = 10
     vocab = engine.model_config.vocab_size
 
     def best_of_three(n: int) -> float:
-        times = []
+        times: list[float] = []
         for _ in range(3):
             ids = [rng.randrange(10, vocab - 10) for _ in range(n)]
             engine.add_request(f"cost-{n}-{len(times)}", ids, SamplingParams(max_tokens=1))

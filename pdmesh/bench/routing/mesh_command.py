@@ -74,7 +74,8 @@ def run_route_mesh(args: argparse.Namespace) -> None:
 
     vocab = min(8192, ModelConfig.from_dir(args.model).vocab_size)
     traffic = build_traffic(replace(traffic_from_arguments(args, TRAFFIC), groups=max(1, args.groups), vocab=vocab))
-    spec = MeshRunSpec(args.model, args.dtype, args.prefill, args.decode, kvstore=args.kvstore, pool_factor=args.pool_factor,
+    spec = MeshRunSpec(args.model, args.dtype, args.prefill, args.decode, kvstore=args.kvstore,
+                       pool_factor=args.pool_factor,
                        inflight_prompts=args.inflight_prompts, prefill_args=tuple(args.prefill_arg),
                        router_args=tuple(args.router_arg),
                        think_s=args.think_s, slo_s=args.slo_ms / 1000, seed=args.seed)

@@ -189,7 +189,12 @@ def run_policy(traffic: Traffic, spec: MeshRunSpec, policy: str, starts_rate: fl
 def summarize(policy: str, load: float, traffic: Traffic, spec: MeshRunSpec, records: dict[int, Record],
               seconds: float, counts: list[WorkerCounts]) -> dict[str, Any]:
     ok = [r for r in records.values() if r.ok and r.first is not None]
-    tpots = [(r.end - r.first) / (r.output_tokens - 1) for r in ok if r.end is not None and r.output_tokens > 1]
+    ttfts = [r.first - r.start for r in ok if r.first is not None]
+    tpots = [(r.end - r.first) / (r.output_tokens - 1) for r in ok
+             if r.first is not None and r.end is not None and r.output_tokens > 1]
+    # What prefilling on the decode worker costs the requests decoding there.
+    tpot_columns: dict[str, Any] = {
+        f"tpot_p{q}_ms": 1000 * pct(tpots, q / 100) if tpots else float("nan") for q in (50, 90)}
     prefill = [c for c in counts if c.role == "prefill"]
     local = sum(c.computed for c in counts if c.role == "decode")
     computed = sum(c.computed for c in prefill) + local
@@ -199,11 +204,10 @@ def summarize(policy: str, load: float, traffic: Traffic, spec: MeshRunSpec, rec
     # computed (their cached part is not told apart on a decode worker); computed tokens
     # are every worker's.
     return report.summarize(
-        policy, spec.prefill, load, [r.first - r.start for r in ok], computed + own + fetched, own, fetched,
+        policy, spec.prefill, load, ttfts, computed + own + fetched, own, fetched,
         traffic.oracle_computed(spec.block_size), [c.computed for c in prefill], seconds, spec.slo_s,
         local_computed_tokens=local,
-        # What prefilling on the decode worker costs the requests decoding there.
-        **{f"tpot_p{q}_ms": 1000 * pct(tpots, q / 100) if tpots else float("nan") for q in (50, 90)},
+        **tpot_columns,
         kv_mib_sent=round(sum(c.kv_bytes_sent for c in prefill) / 2**20, 1),
         failed=len(traffic.jobs) - len(ok), errors=dict(Counter(r.error.partition(":")[0] for r in records.values()
                                                                  if r.error)),

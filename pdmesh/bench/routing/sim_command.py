@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", choices=("mirror", "redis"), default="mirror",
                    help="where decisions read the prefix index: the router's mirror or Redis (default: %(default)s)")
     p.add_argument("--slo-ms", type=float, default=2000.0, help="TTFT objective for goodput (default: %(default)s)")
-    p.add_argument("--out", default="bench-results/route-sim.json", help="JSON report; PNGs beside it (default: %(default)s)")
+    p.add_argument("--out", default="bench-results/route-sim.json",
+                   help="JSON report; PNGs beside it (default: %(default)s)")
 
 
 def run_route_sim(args: argparse.Namespace) -> None:

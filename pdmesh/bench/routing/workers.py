@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pdmesh.bench.routing.traffic import Job
 from pdmesh.index.publisher import IndexPublisher
-from pdmesh.kv.block_hash import BlockHasher
+from pdmesh.kv.block_hash import BlockHash, BlockHasher
 from pdmesh.kv.block_pool import BlockPool
 from pdmesh.kv.events import BlockRemoved, BlockStored, KVEvent
 from pdmesh.kv.eviction import EvictionPolicy
@@ -30,7 +30,7 @@ class Served:
     """Of ``decision_s``, the index lookup (a Redis round trip)."""
     members: int = 0
     """Index members the lookup named (a popular prefix: many workers)."""
-    hashes: list[bytes] = field(default_factory=list, repr=False)
+    hashes: list[BlockHash] = field(default_factory=list, repr=False)
     work: int = 0
     """Tokens the router expected to compute (its queued-token accounting)."""
     cached: int = 0
@@ -67,7 +67,7 @@ class EnginePool:
         self.kv = KVCacheManager(BlockPool(capacity, eviction=policy), hasher)
         self.publisher = publisher
 
-    def held(self, hashes: list[bytes]) -> int:
+    def held(self, hashes: list[BlockHash]) -> int:
         """Leading blocks of ``hashes`` in the prefix cache."""
         cached, n = self.kv.pool.cached, 0
         while n < len(hashes) and hashes[n] in cached:
@@ -90,16 +90,16 @@ class LRUBlocks:
     def __init__(self, capacity: int, publisher: IndexPublisher) -> None:
         self.capacity = capacity
         self.publisher = publisher
-        self.blocks: OrderedDict[bytes, None] = OrderedDict()
+        self.blocks: OrderedDict[BlockHash, None] = OrderedDict()
 
-    def held(self, hashes: list[bytes], start: int = 0) -> int:
+    def held(self, hashes: list[BlockHash], start: int = 0) -> int:
         """Leading blocks of ``hashes[start:]`` present."""
         n = start
         while n < len(hashes) and hashes[n] in self.blocks:
             n += 1
         return n - start
 
-    async def store(self, hashes: list[bytes]) -> None:
+    async def store(self, hashes: list[BlockHash]) -> None:
         """Touch the blocks, evict beyond capacity, publish both. A prompt's tail is touched
         first, so it is evicted before its head: a chain loses its last blocks, not the one
         all others follow."""
@@ -107,11 +107,14 @@ class LRUBlocks:
         for h in reversed(hashes):
             self.blocks[h] = None
             self.blocks.move_to_end(h)
-        evicted = []
+        evicted: list[BlockHash] = []
         while len(self.blocks) > self.capacity:
             evicted.append(self.blocks.popitem(last=False)[0])
-        events: list[KVEvent] = ([BlockRemoved(tuple(evicted))] if evicted else []) + (
-            [BlockStored(tuple(new), None)] if new else [])
+        events: list[KVEvent] = []
+        if evicted:
+            events.append(BlockRemoved(tuple(evicted)))
+        if new:
+            events.append(BlockStored(tuple(new), None))
         if events:
             await self.publisher.apply(events)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import urllib.request
 from collections.abc import Callable
@@ -60,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "each other's prefix cache); default: the same prompts for every run")
     p.add_argument("--vocab", type=int, default=None, help="token ids are drawn below this (default: the model's)")
     p.add_argument("--api-key", default="", help="bearer token for HTTP and gRPC targets (default: none)")
-    p.add_argument("--tls-ca", default="", help="grpcs://H:P targets (grpc:// is plaintext): PEM CA to verify the router (default: none)")
+    p.add_argument("--tls-ca", default="",
+                   help="grpcs://H:P targets (grpc:// is plaintext): PEM CA to verify the router (default: none)")
     p.add_argument("--tls-cert", default="", help="grpcs:// targets: client certificate for mutual TLS (default: none)")
     p.add_argument("--tls-key", default="", help="grpcs:// targets: key of --tls-cert (default: none)")
     p.add_argument("--out", default="bench-results/serve", help="folder for serve.json and PNGs (default: %(default)s)")
@@ -87,8 +89,8 @@ def _target(started: servers.Started, args: argparse.Namespace) -> Target:
         from pdmesh.client import Security
 
         scheme, _, address = started.url.partition("://")
-        tls = (args.tls_ca, args.tls_cert, args.tls_key) if scheme == "grpcs" else ("", "", "")
-        return GrpcTarget(address, Security(*tls, api_key=args.api_key), _sampling(args))
+        tls_ca, tls_cert, tls_key = (args.tls_ca, args.tls_cert, args.tls_key) if scheme == "grpcs" else ("", "", "")
+        return GrpcTarget(address, Security(tls_ca, tls_cert, tls_key, api_key=args.api_key), _sampling(args))
     return OpenAITarget(started.url, started.model or _served_model(started.url), args.api_key, _sampling(args))
 
 
@@ -131,10 +133,10 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
                 runs += 1
                 started = _start(target_spec, args)
                 try:
-                    recs, seconds, spent = asyncio.run(_measure(lambda: _target(started, args), run_spec,
+                    recs, seconds, spent = asyncio.run(_measure(functools.partial(_target, started, args), run_spec,
                                                                 arrivals, not args.no_progress))
                 finally:
-                    started.stop()  # type: ignore[operator]
+                    started.stop()
                 row = summarize(recs, seconds, SLO(args.ttft_slo, args.tpot_slo))
                 row["server_cpu_s"], row["client_cpu_s"] = cpu.totals(spent)
                 name = f"{target_spec} (again)" if side == "compare" and args.compare == args.target else target_spec
@@ -144,9 +146,9 @@ def run_serve(args: argparse.Namespace) -> list[dict[str, Any]]:
           f"in {args.input_len}, out {args.output_len}")
     print(report.table(rows))
     print("\nCPU seconds during each measured run (process: busiest threads):")
-    for row in rows:
-        print(f"{row['target']} @ {row['rate']:g}, round {row['round']}:")
-        print("\n".join(cpu.lines(row["cpu"])) or "  (no /proc here)")
+    for done in rows:
+        print(f"{done['target']} @ {done['rate']:g}, round {done['round']}:")
+        print("\n".join(cpu.lines(done["cpu"])) or "  (no /proc here)")
     if args.compare:
         for line in report.ratios(rows, args.target, args.compare):
             print(line)

@@ -113,7 +113,8 @@ def _plots(out: Path, rows: list[dict[str, Any]], records: dict[str, list[Record
     if len({r["rate"] for r in finite}) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
         for target in sorted({r["target"] for r in finite}):
-            pts = sorted((r["rate"], r["output_tok_s"], r["goodput_request_s"]) for r in finite if r["target"] == target)
+            pts = sorted((r["rate"], r["output_tok_s"], r["goodput_request_s"])
+                         for r in finite if r["target"] == target)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{target} tok/s")
             ax.plot([p[0] for p in pts], [p[2] * 100 for p in pts], marker="x", ls="--",
                     label=f"{target} goodput x100 req/s")

@@ -58,8 +58,8 @@ async def run(target: Target, requests: list[Request], arrivals: Arrivals, progr
         if req.session >= 0 and req.turn > 0:  # wait for the previous turn, then extend it
             await sessions[req.session * 1000 + req.turn - 1].wait()
         prompt = req.prompt
-        if req.session >= 0:
-            prompt = history.get(req.session, []) + list(req.prompt) + (req.follow_up if req.turn else [])
+        if not isinstance(prompt, str) and req.session >= 0:  # a session's prompts are token ids
+            prompt = history.get(req.session, []) + prompt + (req.follow_up if req.turn else [])
         if limit is not None:
             await limit.acquire()
         rec = Record(time.perf_counter(), prompt_tokens=len(prompt))
@@ -70,8 +70,8 @@ async def run(target: Target, requests: list[Request], arrivals: Arrivals, progr
                 limit.release()
             records[i] = rec
             bar.step()
-            if req.session >= 0:
-                history[req.session] = list(prompt) + rec.token_ids  # type: ignore[arg-type]
+            if not isinstance(prompt, str) and req.session >= 0:
+                history[req.session] = prompt + rec.token_ids
                 sessions[req.session * 1000 + req.turn].set()
 
     for req in requests:

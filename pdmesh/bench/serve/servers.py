@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,8 @@ class Started:
     url: str
     """``http://…`` base URL, or ``grpc://host:port``."""
     model: str
-    stop: object
-    """Callable that stops the server."""
+    stop: Callable[[], None]
+    """Stops the server."""
 
 
 def start_pdmesh(spec_text: str, model: str, dtype: str, kvstore: bool, worker_args: list[str]) -> Started:

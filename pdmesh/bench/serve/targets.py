@@ -103,7 +103,7 @@ class OpenAITarget:
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     self._chunk(json.loads(line[6:]), record, time.perf_counter())
-        except Exception as exc:  # connection refused / reset: recorded as a failed request
+        except Exception as exc:  # noqa: BLE001 - connection refused / reset: recorded as a failed request
             record.error = f"{type(exc).__name__}: {exc}"
             return
         if record.end is None and not record.error:

@@ -27,6 +27,10 @@ class Request:
     follow_up: list[int] = field(default_factory=list)
     """Multi-turn: the user tokens of the next turn, appended after this turn's answer."""
 
+    def __post_init__(self) -> None:
+        if self.session >= 0 and isinstance(self.prompt, str):
+            raise ValueError("a multi-turn session's prompts are token ids: its history is extended by the answer's")
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:

@@ -92,7 +92,7 @@ class DraftModelProposer:
             row_of = {id(s): r for r, s in enumerate(result.sampling)}
             logits = result.logits[torch.tensor([row_of[id(a[2].seq)] for _, a in running])]
             picked = self._pick(sampler, logits, running, drafts)
-            for (j, (seq, _, shadow)), token, p in zip(running, *picked):
+            for (j, (_, _, shadow)), token, p in zip(running, *picked):
                 drafts[j].append(token)
                 if p is not None:
                     probs[j].append(p)

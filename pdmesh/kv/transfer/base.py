@@ -34,7 +34,7 @@ class KVRegion:
     device_id: int = 0
 
     @classmethod
-    def of_tensor(cls, pool) -> KVRegion:  # type: ignore[no-untyped-def]
+    def of_tensor(cls, pool) -> KVRegion:
         """The region of a ``[num_blocks, ...]`` torch tensor (duck-typed: no torch import)."""
         cuda = bool(pool.is_cuda)
         return cls(pool.data_ptr(), pool.shape[0], pool[0].numel() * pool.element_size(),

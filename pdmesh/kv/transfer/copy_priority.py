@@ -78,7 +78,7 @@ class CopyPriority:
             return fn(*args)
         param = os.sched_getparam(0)
         try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, _RT_PARAM)
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))
         except OSError as exc:  # allowed at start-up, refused now (a cgroup or limit changed)
             self._refused(exc)
             return fn(*args)
@@ -94,8 +94,6 @@ class CopyPriority:
                 self.detail = f"KV copies at the thread's own priority: SCHED_FIFO refused since start-up ({exc})"
                 log.warning(self.detail)
 
-
-_RT_PARAM = os.sched_param(RT_PRIORITY) if hasattr(os, "sched_param") else None
 
 
 def copy_priority(requested: Priority) -> CopyPriority:

@@ -38,7 +38,7 @@ class _Wrapper:
     def __init__(self, inner: KVTransport) -> None:
         self.inner = inner
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
     def add_peer(self, peer: PeerLayout) -> None:
@@ -74,7 +74,7 @@ class DelayedWrites(_Wrapper):
 
 
 class _Delayed:
-    def __init__(self, start_at: float, args: tuple) -> None:  # type: ignore[type-arg]
+    def __init__(self, start_at: float, args: tuple) -> None:
         self.start_at = start_at
         self.args = args
         self.inner: object | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ class NixlTransport:
             _rows(region.base_addr, self.block_bytes, self.num_blocks, self.device_id),
             self.mem_type,
         )
-        self._peers: dict[str, object] = {}
+        self._peers: dict[str, tuple[str, Any]] = {}  # peer -> (its agent name, its prepared rows)
         self._lock = threading.RLock()
 
     @property
@@ -91,7 +92,7 @@ class NixlTransport:
         with self._lock:
             entry = self._peers.pop(name, None)
             if entry is not None:
-                agent_name, dlist = entry  # type: ignore[misc]
+                agent_name, dlist = entry
                 self.agent.release_dlist_handle(dlist)
                 self.agent.remove_remote_agent(agent_name)
 
@@ -107,7 +108,7 @@ class NixlTransport:
         if len(local) != len(remote_ids):
             raise ValueError(f"{len(local)} local blocks for {len(remote_ids)} remote blocks")
         with self._lock:
-            _, remote = self._peers[peer]  # type: ignore[misc]
+            _, remote = self._peers[peer]
             handle = self.agent.make_prepped_xfer(op, self._local, local, remote, remote_ids)
             state = self.agent.transfer(handle)
             if state == "ERR":
@@ -128,7 +129,7 @@ class NixlTransport:
         try:
             with self._lock:
                 self.agent.release_xfer_handle(handle)
-        except Exception as exc:  # releasing a handle of a dead peer may itself fail
+        except Exception as exc:  # noqa: BLE001 - releasing a handle of a dead peer may itself fail
             log.warning("releasing a NIXL transfer handle failed: %s", exc)
 
     def progress(self) -> None:

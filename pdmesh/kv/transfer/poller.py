@@ -19,6 +19,7 @@ so ``forget`` never returns while a pass is polling the handle it forgets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -151,7 +152,7 @@ class TransferPoller:
     def _progress(self, awaiting: Callable[[], bool]) -> bool:
         try:
             self.transport.progress()
-        except Exception as exc:  # a transport error must not end the thread
+        except Exception as exc:  # noqa: BLE001 - a transport error must not end the thread
             log.warning("NIXL progress failed: %s", exc)
             return False
         return awaiting()
@@ -161,16 +162,14 @@ def poll_state(transport: KVTransport, handle: object, what: str) -> TransferSta
     """A transfer's state; FAILED when polling itself raises (a peer that died mid-transfer)."""
     try:
         return transport.poll(handle)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a poll that raises is a failed transfer
         log.warning("KV %s failed while polling: %s", what, exc)
         return TransferState.FAILED
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # the loop closed (the process is shutting down): nobody waits
         loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the loop closed (the process is shutting down): nobody waits
-        pass
 
 
 def _settle(future: asyncio.Future[tuple[TransferState, float]], result: tuple[TransferState, float]) -> None:

@@ -1,15 +1,16 @@
 """Run a KV transfer to completion against a deadline, from asyncio.
 
 A transfer is started on the transport and watched by the ``TransferPoller``'s thread
-until DONE or FAILED; the coroutine waits for that result up to its deadline. The handle is
-released whatever happens. A waiter cancelled while its transfer is in flight still waits
-for it (up to the same deadline) before the cancel goes on: once posted, a write lands
-whether anyone waits or not, and whoever learns from this call's end that no write is in
-flight (the router, before it frees the target blocks) must not learn it early. A failed transfer raises ``TransferFailedError``, which the RPC
-layer turns into ABORTED, and drops the peer (a restarted peer's connection is
-re-established from its ``Info`` on next use) once no other transfer with it is in flight:
-dropped at once, one failed write failed every write in flight to a live peer
-(NIXL_ERR_NOT_FOUND when they were polled next).
+until DONE or FAILED; the coroutine waits for that result up to its deadline. The handle
+is released whatever happens. A waiter cancelled while its transfer is in flight still
+waits for it (up to the same deadline) before the cancel goes on: once posted, a write
+lands whether anyone waits or not, and whoever learns from this call's end that no write
+is in flight (the router, before it frees the target blocks) must not learn it early. A
+failed transfer raises ``TransferFailedError``, which the RPC layer turns into ABORTED,
+and drops the peer (a restarted peer's connection is re-established from its ``Info`` on
+next use) once no other transfer with it is in flight: dropped at once, one failed write
+failed every write in flight to a live peer (NIXL_ERR_NOT_FOUND when they were polled
+next).
 """
 
 from __future__ import annotations

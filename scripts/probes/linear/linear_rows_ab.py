@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-LAYERS = 8  # the default model's layers, as the attention probes take them
-
 from pdmesh.attention.cpu_kernels import build_tree
 from pdmesh.model import onednn
 from pdmesh.model.linear_plan import best_seconds, best_seconds_of
+
+LAYERS = 8  # the default model's layers, as the attention probes take them
 
 SHAPES = [(1024, 512), (512, 512), (2048, 512), (2048, 512), (512, 2048)]
 """One layer's weights [out, in] of the default model: qkv, o, gate, up, down."""

@@ -79,10 +79,10 @@ class Gate:
         if size.isdigit() and int(size) > self.limit:
             return HTTPError(413, f"the body has {int(size)} bytes; at most {self.limit} "
                                   "(--max-request-mb) are read", code="request_too_large")
-        if self.api_key and scope.get("path", "").startswith("/v1/"):
-            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {self.api_key}":
-                return HTTPError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                 code="invalid_api_key")
+        if (self.api_key and scope.get("path", "").startswith("/v1/")
+                and headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {self.api_key}"):
+            return HTTPError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                             code="invalid_api_key")
         return None
 
 
@@ -106,7 +106,7 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
 
     # Every error a request can end with, mapped once (errors.py); anything else is a 500.
     for kind in (HTTPError, PdmeshError, grpc.aio.AioRpcError, TimeoutError, Exception):
-        app.add_exception_handler(kind, failed)  # type: ignore[arg-type]
+        app.add_exception_handler(kind, failed)
 
     app.add_middleware(Gate, limit=int(core.cfg.max_request_mb * 2**20), api_key=api_key)
     _add_generation_routes(app, core)

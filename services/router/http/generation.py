@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,7 +61,7 @@ class Generation:
     def __post_init__(self) -> None:
         self.usage.prompt_tokens = sum(len(ids) for _, ids in self.prompts)
 
-    def stream(self) -> AsyncIterator[tuple[int, Any]]:
+    def stream(self) -> AsyncGenerator[tuple[int, Any], None]:
         """``(choice index, GenerateResponse)`` across every prompt and completion."""
         n = self.params.n
         deadline = asyncio.get_running_loop().time() + self.core.cfg.request_timeout_s
@@ -71,7 +71,7 @@ class Generation:
             for p, (_, ids) in enumerate(self.prompts)
         ]
 
-        async def tagged() -> AsyncIterator[tuple[int, Any]]:
+        async def tagged() -> AsyncGenerator[tuple[int, Any], None]:
             async for p, (i, resp) in merge(streams):
                 yield p * n + i, resp
 
@@ -167,7 +167,7 @@ class Generation:
                 chunks.append(self._delta(index, resp, offsets))
                 for chunk in chunks:
                     yield self._head(obj) | {"choices": [chunk]}
-        except Exception as exc:  # after the 200 went out: the error travels in the stream
+        except Exception as exc:  # noqa: BLE001 - after the 200 went out: the error travels in the stream
             yield error_body(status_of(exc))
         else:
             if self.include_usage:

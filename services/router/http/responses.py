@@ -34,13 +34,15 @@ def as_chat(req: ResponsesRequest) -> ChatCompletionRequest:
                 "id": item.get("call_id"), "type": "function",
                 "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}]})
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": _text(item.get("output"), i)})
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                             "content": _text(item.get("output"), i)})
         else:
             raise InvalidRequestError(f"input[{i}].type", f"{kind!r} is not supported (message, function_call, "
                                       "function_call_output)")
     body: dict[str, Any] = {"model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
                             "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
-                            "parallel_tool_calls": req.parallel_tool_calls, "tool_choice": _tool_choice(req.tool_choice)}
+                            "parallel_tool_calls": req.parallel_tool_calls,
+                            "tool_choice": _tool_choice(req.tool_choice)}
     if req.tools:
         body["tools"] = [_chat_tool(t, i) for i, t in enumerate(req.tools)]
     fmt = (req.text or {}).get("format")

@@ -109,4 +109,4 @@ def _spec(kind: str, value: Any) -> StructuredOutput:
         return StructuredOutput(choice=tuple(value))
     if not isinstance(value, str):
         raise InvalidRequestError(f"{FIELD}.{kind}", f"must be a string, got {type(value).__name__}")
-    return StructuredOutput(**{kind: value})
+    return StructuredOutput(regex=value) if kind == "regex" else StructuredOutput(grammar=value)

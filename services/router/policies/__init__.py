@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from services.router.config import RouterConfig
 from services.router.policies.base import Decision, Policy, RouteContext
 from services.router.policies.cache_aware import CacheAwarePolicy
@@ -11,7 +13,7 @@ from services.router.policies.pack import PackPolicy
 from services.router.policies.prefix_hash import PrefixHashPolicy
 from services.router.policies.round_robin import RoundRobinPolicy
 
-_FACTORIES = {
+_FACTORIES: dict[str, Callable[[RouterConfig], Policy]] = {
     "cache_aware": lambda cfg: CacheAwarePolicy(cfg.prefill_us_per_token, cfg.kvstore_cost_ratio,
                                                     cfg.route_tolerance),
     "prefix_hash": lambda cfg: PrefixHashPolicy(),

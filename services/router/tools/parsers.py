@@ -35,14 +35,15 @@ def _arguments(value: Any) -> str | None:
 def _call_of(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> ParsedCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    raw = next((obj[k] for k in args_keys if k in obj), {})
+    raw: Any = next((obj[k] for k in args_keys if k in obj), {})
     args = _arguments(raw)
     return ParsedCall(obj["name"], args) if args is not None else None
 
 
 def _json_values(text: str) -> list[Any] | None:
     """Consecutive JSON values in ``text`` (separated by whitespace, ``;`` or ``,``)."""
-    dec, out, i = json.JSONDecoder(), [], 0
+    out: list[Any] = []
+    dec, i = json.JSONDecoder(), 0
     while True:
         while i < len(text) and text[i] in " \t\r\n;,":
             i += 1

@@ -105,7 +105,7 @@ def test_a_huge_text_prompt_is_refused_at_once_while_other_streams_flow(mesh: Me
 
 
 def _rss_mib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) // 1024
     raise AssertionError(f"no VmRSS for {pid}")

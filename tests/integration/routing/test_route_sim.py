@@ -109,7 +109,7 @@ def test_the_simulator_predicts_a_real_meshs_hit_rate(llama_dir: Path, redis_url
             decisions = dict(admin_pb2_grpc.MeshAdminStub(ch).RouterStats(admin_pb2.RouterStatsRequest()).decisions)
     real_hit = cached / prompt
     print(f"prefill hit rate: simulated {sim_hit:.3f}, real mesh {real_hit:.3f}")
-    assert 0 < sim_hit and abs(sim_hit - real_hit) <= 0.1 * real_hit, (sim_hit, real_hit, decisions)
+    assert sim_hit > 0 and abs(sim_hit - real_hit) <= 0.1 * real_hit, (sim_hit, real_hit, decisions)
 
 
 @pytest.mark.parametrize("policy", ["reuse", "lru"])

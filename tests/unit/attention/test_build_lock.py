@@ -23,17 +23,17 @@ from pdmesh.attention.build_lock import (
     build_lock,
 )
 
-_HOLDER = """
+_HOLDER = f"""
 import fcntl, os, sys, time
 from pathlib import Path
 d = Path(sys.argv[1])
-fd = os.open(d / "{own}", os.O_RDWR | os.O_CREAT)
+fd = os.open(d / "{OWN_LOCK}", os.O_RDWR | os.O_CREAT)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.write(fd, str(os.getpid()).encode())
-(d / "{torch}").touch()  # as torch's build does while it runs
+(d / "{TORCH_LOCK}").touch()  # as torch's build does while it runs
 print("held", flush=True)
 time.sleep(120)
-""".format(own=OWN_LOCK, torch=TORCH_LOCK)
+"""
 
 
 def _holder(build_dir: Path) -> subprocess.Popen[str]:

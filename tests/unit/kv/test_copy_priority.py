@@ -29,7 +29,7 @@ def _on_thread(fn):  # type: ignore[no-untyped-def]
     def body() -> None:
         try:
             out["value"] = fn()
-        except BaseException as exc:  # re-raised on the test's thread
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
             out["error"] = exc
 
     t = threading.Thread(target=body)

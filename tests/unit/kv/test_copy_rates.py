@@ -47,7 +47,7 @@ def test_a_host_without_a_compiler_is_told_why(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(copy_rates.platform, "machine", lambda: "x86_64")
     copy_rates._library.cache_clear()
     try:
-        with pytest.raises(copy_rates.CopyRatesUnavailable, match="no C compiler"):
+        with pytest.raises(copy_rates.CopyRatesUnavailableError, match="no C compiler"):
             copy_rates.copy_gib_s(64 * 1024, 4)
     finally:
         copy_rates._library.cache_clear()

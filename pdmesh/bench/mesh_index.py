@@ -71,8 +71,8 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
     from pdmesh.index.lookup import PrefixIndex
     from pdmesh.index.mirrored_index import MirroredIndex
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
     from services.router.registry import Registry
+    from services.router.router import Router
 
     cfg = RouterConfig(model=args.model, prefill=("a:1", "b:1"), redis_url=redis_url)
     registry = Registry(cfg)
@@ -81,7 +81,7 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
         w.healthy = True
     index = MirroredIndex(redis_url) if mirror else PrefixIndex(redis_url)
     await index.catch_up()
-    core = RouterCore(cfg, registry, index)
+    router = Router(cfg, registry, index)
     from pdmesh.sampling_params import SamplingParams
 
     prompts = [[rng.randrange(10, 1000) for _ in range(512)] for _ in range(16)]
@@ -91,7 +91,7 @@ async def _decisions_per_second(args: argparse.Namespace, redis_url: str, n: int
 
     async def one(i: int) -> None:
         async with sem:
-            await core.route_prefill(prompts[i % 16], core.prompt_hashes(prompts[i % 16], params), set())
+            await router.route_prefill(prompts[i % 16], router.prompt_hashes(prompts[i % 16], params), set())
 
     await asyncio.gather(*(one(i) for i in range(n)))
     took = time.perf_counter() - t0

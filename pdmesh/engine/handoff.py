@@ -17,7 +17,7 @@ block owned by a request the engine no longer tracks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pdmesh.engine.sampler import seeded_uniform
 from pdmesh.errors import CapacityError, UnknownRequestError
@@ -27,7 +27,29 @@ from pdmesh.request import SeqStatus, Sequence, TokenLogprob
 from pdmesh.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pdmesh.engine.llm_engine import LLMEngine
+    from pdmesh.config import EngineConfig
+    from pdmesh.engine.output import RequestState
+    from pdmesh.kv.block_pool import BlockPool
+    from pdmesh.kv.kv_cache_manager import KVCacheManager
+
+
+class HandoffEngine(Protocol):
+    """What the hand-off builds on of ``LLMEngine`` (its section "what the hand-off builds
+    on"), so that the engine, which owns a ``KVHandoff``, is not imported back."""
+
+    config: EngineConfig
+    pool: BlockPool
+    kv: KVCacheManager
+
+    def admit(self, request_id: str, prompt: list[int], params: SamplingParams) -> RequestState: ...
+
+    def start_running(self, seq: Sequence, first_token: int, logprob: TokenLogprob | None) -> None: ...
+
+    def first_seq(self, request_id: str) -> Sequence: ...
+
+    def handoff_seqs(self) -> list[Sequence]: ...
+
+    def forget(self, request_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +66,7 @@ class Reservation:
 class KVHandoff:
     """Reserve / commit / hold / release, over sequences in the hand-off states."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: HandoffEngine) -> None:
         self.engine = engine
 
     def _seq_in(self, request_id: str, *states: SeqStatus) -> Sequence:

@@ -10,22 +10,22 @@ from pdmesh.rpc.convert import response_from_output
 
 if TYPE_CHECKING:
     from pdmesh.v1 import generate_pb2
-    from services.worker.core import WorkerCore
+    from services.worker.worker import Worker
 
 
 class Relay:
     """Turns each delta output into a ``GenerateResponse`` and records, on the way, what the
     request's span and the worker's metrics say about it (first token, finish, cache)."""
 
-    def __init__(self, core: WorkerCore, request_id: str, span: Any, prefills: bool, resumed: int = 0) -> None:
-        self.core, self.request_id, self.span = core, request_id, span
+    def __init__(self, worker: Worker, request_id: str, span: Any, prefills: bool, resumed: int = 0) -> None:
+        self.worker, self.request_id, self.span = worker, request_id, span
         self.prefills = prefills
         """The prompt is computed here (a local prefill), not written by a prefill worker."""
         self.total = resumed
         """Completion tokens so far: a resumed request's usage counts the tokens another
         worker streamed before it (the caller has them), not only this worker's."""
         self.sent = 0
-        self.timer = core.request_metrics.stream()
+        self.timer = worker.request_metrics.stream()
 
     def __call__(self, out: RequestOutput) -> generate_pb2.GenerateResponse:
         n = len(out.outputs[0].token_ids) if out.outputs else 0
@@ -44,11 +44,11 @@ class Relay:
 
     def _finished(self, out: RequestOutput) -> None:
         cached = out.metrics.num_cached_tokens
-        self.core.counters.cached_prompt_tokens += cached
+        self.worker.counters.cached_prompt_tokens += cached
         if self.prefills:
             # A local prefill's cost, as a prefill worker counts its own: without it a decode
             # worker that prefilled read as computing nothing (hit rate 1.0 in its metrics).
-            self.core.counters.computed_prompt_tokens += max(0, len(out.prompt_token_ids) - cached)
+            self.worker.counters.computed_prompt_tokens += max(0, len(out.prompt_token_ids) - cached)
         reason = out.outputs[0].finish_reason or "unknown" if out.outputs else "unknown"
         self.timer.done(reason)
         self.span.set_attributes({"pdmesh.finish_reason": reason, "pdmesh.tokens": self.sent,

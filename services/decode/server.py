@@ -7,13 +7,13 @@ import grpc
 
 from services.decode import servicer
 from services.worker.config import WorkerConfig
-from services.worker.core import WorkerCore
 from services.worker.server import Background
 from services.worker.server import serve as serve_worker
+from services.worker.worker import Worker
 
 
-def attach(server: grpc.aio.Server, core: WorkerCore) -> list[Background]:
-    decode = servicer.add_to_server(server, core)
+def attach(server: grpc.aio.Server, worker: Worker) -> list[Background]:
+    decode = servicer.add_to_server(server, worker)
     return [decode.reap_leases(), decode.drive_transfers()]
 
 

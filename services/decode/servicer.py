@@ -39,15 +39,15 @@ from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import generate_pb2, worker_pb2, worker_pb2_grpc
 from services.decode.relay import Relay
 from services.decode.reservations import Reservations
-from services.worker.core import WorkerCore
+from services.worker.worker import Worker
 
 log = logging.getLogger(__name__)
 SERVICE = "pdmesh.v1.Decode"
 
 
 class DecodeServicer(worker_pb2_grpc.DecodeServicer):
-    def __init__(self, core: WorkerCore) -> None:
-        self.core = core
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
         self.reservations = Reservations()
         self.feeds = Feeds()
 
@@ -56,30 +56,30 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     # -- reservations -----------------------------------------------------------------
     async def Reserve(self, request: worker_pb2.ReserveRequest, context) -> worker_pb2.KvHandle:  # noqa: N802
-        core = self.core
+        worker = self.worker
         rid = request.request_id
         params = self._params(request)
-        await core.aeng.prepare(params)
+        await worker.async_engine.prepare(params)
         ids = list(request.prompt_token_ids)
         span = tracing.start_span("decode.reserve", tracing.incoming(context), request_id=rid,
                                   prompt_tokens=len(ids))
         bind_request(rid, span)
         try:
-            res = core.aeng.call(lambda: core.engine.handoff.reserve(rid, ids, params))
+            res = worker.async_engine.call(lambda: worker.engine.handoff.reserve(rid, ids, params))
             span.set_attributes({"pdmesh.blocks": len(res.block_ids), "pdmesh.cached_tokens": res.cached_tokens})
         finally:
             span.end()
-        record = self.reservations.add(rid, request.lease_ms or core.cfg.lease_ms)
-        core.transfers.poller.poke()  # progress at the await rate from now on
+        record = self.reservations.add(rid, request.lease_ms or worker.cfg.lease_ms)
+        worker.transfers.poller.poke()  # progress at the await rate from now on
         return destination_to_proto(KvDestination(
-            worker_id=core.worker_id, worker_address=core.address, block_ids=tuple(res.block_ids),
-            first_block=res.first_block, cached_tokens=res.cached_tokens, compat_hash=core.compat,
+            worker_id=worker.worker_id, worker_address=worker.address, block_ids=tuple(res.block_ids),
+            first_block=res.first_block, cached_tokens=res.cached_tokens, compat_hash=worker.compat,
             lease_expiry_unix_ms=record.lease_expiry_ms, transfer_id=record.transfer_id,
         ))
 
     async def RenewLease(self, request: worker_pb2.RenewLeaseRequest, context) -> worker_pb2.KvHandle:  # noqa: N802
-        record = self.reservations.renew(request.request_id, request.lease_ms or self.core.cfg.lease_ms)
-        return worker_pb2.KvHandle(worker_id=self.core.worker_id, lease_expiry_unix_ms=record.lease_expiry_ms,
+        record = self.reservations.renew(request.request_id, request.lease_ms or self.worker.cfg.lease_ms)
+        return worker_pb2.KvHandle(worker_id=self.worker.worker_id, lease_expiry_unix_ms=record.lease_expiry_ms,
                                    transfer_id=record.transfer_id)
 
     async def Release(self, request: worker_pb2.ReleaseRequest, context) -> worker_pb2.ReleaseResponse:  # noqa: N802
@@ -91,13 +91,13 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         """A prompt's KV landed here; ``inline``: within its writer's calls."""
         self.reservations.writes.saw(inline)
         if inline:
-            self.core.counters.kv_writes_inline += 1
+            self.worker.counters.kv_writes_inline += 1
         else:
-            self.core.counters.kv_writes_polled += 1
+            self.worker.counters.kv_writes_polled += 1
 
     def _release(self, rid: str) -> bool:
         self.reservations.pop(rid)
-        return bool(self.core.aeng.call(lambda: self.core.engine.handoff.release(rid)))
+        return bool(self.worker.async_engine.call(lambda: self.worker.engine.handoff.release(rid)))
 
     async def reap_leases(self, interval: float = 0.1) -> None:
         """Free reservations whose KV never came (prefill died, router went away)."""
@@ -105,7 +105,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             await asyncio.sleep(interval)
             for rid in self.reservations.expired():
                 if self._release(rid):
-                    self.core.counters.expired_leases += 1
+                    self.worker.counters.expired_leases += 1
                     log.warning("reservation %s expired before its Decode came; blocks freed", rid)
 
     async def drive_transfers(self) -> None:
@@ -114,12 +114,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         write only while its target progresses, and a new peer connects only then). It
         never stops: a write whose reservation has lapsed must still complete, not hang
         (the worker closes the poller when it stops)."""
-        self.core.transfers.poller.drive_progress(self.reservations.awaiting_kv)
+        self.worker.transfers.poller.drive_progress(self.reservations.awaiting_kv)
         await asyncio.Future()  # runs until the worker stops
 
     # -- generation -------------------------------------------------------------------
     async def Decode(self, request: worker_pb2.DecodeRequest, context) -> AsyncIterator[generate_pb2.GenerateResponse]:  # noqa: N802
-        core = self.core
+        worker = self.worker
         rid = request.request_id
         self.reservations.claim(rid, request.transfer_id)  # Decode owns the blocks from here on
         # Unset: no KV was written, or a writer that does not say; either way no proof that
@@ -131,7 +131,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             lp = logprob_from_proto(request.first_logprob) if request.HasField("first_logprob") else None
 
             def commit() -> None:
-                core.engine.handoff.commit(rid, request.first_token_id, lp, request.cached_tokens)
+                worker.engine.handoff.commit(rid, request.first_token_id, lp, request.cached_tokens)
 
             async for resp in self._send(rid, commit, span, request.feed_id, prefills=False):
                 yield resp
@@ -145,7 +145,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         self, request: worker_pb2.ReserveRequest, context
     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         params = self._params(request)
-        await self.core.aeng.prepare(params)
+        await self.worker.async_engine.prepare(params)
         span = tracing.start_span("decode.local", tracing.incoming(context), request_id=request.request_id,
                                   prompt_tokens=len(request.prompt_token_ids))
         resume = None
@@ -155,7 +155,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         rid, ids = request.request_id or f"local-{uuid.uuid4().hex}", list(request.prompt_token_ids)
 
         def start() -> None:
-            self.core.engine.add_request(rid, ids, params, resume=resume)
+            self.worker.engine.add_request(rid, ids, params, resume=resume)
 
         try:
             # A resumed request's prompt hits are not known here (its tokens are outputs
@@ -173,7 +173,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     def _feed(self, feed_id: str) -> FeedQueue | None:
         feed = self.feeds.get(feed_id)
         if feed is None and feed_id:
-            self.core.counters.feed_misses += 1
+            self.worker.counters.feed_misses += 1
             log.warning("a call named token feed %s, which is not open here: streaming on the call", feed_id)
         return feed
 
@@ -183,15 +183,15 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         feed its caller named (then the call ends without a message of its own).
         ``prefills``: this worker computes the prompt (``GenerateLocal``), not a prefill
         worker. ``resumed``: completion tokens streamed by another worker before this one."""
-        relay, feed = Relay(self.core, rid, span, prefills, resumed), self._feed(feed_id)
-        async for out in self.core.aeng.stream(rid, start):
+        relay, feed = Relay(self.worker, rid, span, prefills, resumed), self._feed(feed_id)
+        async for out in self.worker.async_engine.stream(rid, start):
             if feed is None:
                 yield relay(out)
             else:
                 feed.push(relay(out))
 
 
-def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> DecodeServicer:
-    servicer = DecodeServicer(core)
+def add_to_server(server: grpc.aio.Server, worker: Worker) -> DecodeServicer:
+    servicer = DecodeServicer(worker)
     worker_pb2_grpc.add_DecodeServicer_to_server(servicer, server)
     return servicer

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 
 from pdmesh.mesh_types import KvDestination
-from services.worker.core import WorkerCore
+from services.worker.worker import Worker
 
 
 class ChunkSender:
-    def __init__(self, core: WorkerCore, rid: str, destination: asyncio.Future[KvDestination], timeout: float,
+    def __init__(self, worker: Worker, rid: str, destination: asyncio.Future[KvDestination], timeout: float,
                  span=None) -> None:
-        self.core = core
+        self.worker = worker
         self.rid = rid
         self.destination = destination
         self.dest: KvDestination | None = None
@@ -45,7 +45,7 @@ class ChunkSender:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.core.aeng.watch_progress(self.rid, self.advance)
+        self.worker.async_engine.watch_progress(self.rid, self.advance)
         self._task = asyncio.create_task(self._run())
 
     def advance(self, full_blocks: int) -> None:
@@ -66,7 +66,7 @@ class ChunkSender:
         dest = self.dest
         if dest is None:
             dest = await asyncio.wait_for(asyncio.shield(self.destination), self.timeout)
-        await self.core.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
+        await self.worker.ensure_peer(dest.worker_id, dest.worker_address, timeout=min(self.timeout, 5.0))
         if self.dest is None:
             self.dest, self.sent = dest, dest.first_block
         return dest
@@ -88,9 +88,9 @@ class ChunkSender:
         end = min(end, dest.first_block + len(dest.block_ids))
         if end <= start:
             return 0
-        src = self.core.aeng.call(lambda: self.core.engine.block_ids_of(self.rid))[start:end]
+        src = self.worker.async_engine.call(lambda: self.worker.engine.block_ids_of(self.rid))[start:end]
         dst = list(dest.block_ids[start - dest.first_block : end - dest.first_block])
-        moved = await self.core.write_kv(dest.worker_id, src, dst, self.timeout)
+        moved = await self.worker.write_kv(dest.worker_id, src, dst, self.timeout)
         self.bytes += moved.bytes
         self.inline = moved.inline and self.inline is not False
         self.sent = end
@@ -109,7 +109,7 @@ class ChunkSender:
     async def stop(self) -> None:
         """Stop watching; a write in progress completes first (never abandoned mid-flight),
         a wait for the destination does not."""
-        self.core.aeng.watch_progress(self.rid, None)
+        self.worker.async_engine.watch_progress(self.rid, None)
         self._closing = True
         self._wake.set()
         if self._task is not None:

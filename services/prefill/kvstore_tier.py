@@ -29,7 +29,7 @@ from pdmesh.mesh_types import WorkerInfo
 from pdmesh.rpc.kvstore_client import KVStoreClient
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.worker.core import WorkerCore
+from services.worker.worker import Worker
 
 log = logging.getLogger(__name__)
 _FAILURES = (grpc.aio.AioRpcError, TransferFailedError)
@@ -48,8 +48,8 @@ def index_answers(listed: Mapping[str, int] | None, store: WorkerInfo | None, lo
 
 
 class KVStoreTier:
-    def __init__(self, core: WorkerCore, address: str, timeout: float = 10.0) -> None:
-        self.core = core
+    def __init__(self, worker: Worker, address: str, timeout: float = 10.0) -> None:
+        self.worker = worker
         self.client = KVStoreClient(address)
         self.timeout = timeout
         """Deadline of each NIXL read or write, and how long a lookup pins its slots."""
@@ -66,9 +66,9 @@ class KVStoreTier:
         """The store's NIXL peer, connected. Called right before each transfer with nothing
         awaited between: another transfer's failure may have dropped the peer meanwhile
         (``TransferRunner``), and a transfer to a dropped peer fails to start."""
-        if not self.peer or not self.core.connected(self.peer):
+        if not self.peer or not self.worker.connected(self.peer):
             info = await self._store_info()
-            await self.core.ensure_peer(info.worker_id, self.client.address, 2.0, kvstore=True)
+            await self.worker.ensure_peer(info.worker_id, self.client.address, 2.0, kvstore=True)
             self.peer = info.worker_id
         return self.peer
 
@@ -87,8 +87,8 @@ class KVStoreTier:
                     listed: Mapping[str, int] | None = None, ctx=None) -> int:
         """Import the prompt's leading blocks the store has and we lack; returns tokens
         imported. ``listed``: the router's index view of the prompt (``_index_has_answered``)."""
-        core = self.core
-        eng = core.engine
+        worker = self.worker
+        eng = worker.engine
         bs = eng.kv.block_size
         hashes = eng.hasher.hash_tokens(ids[: (len(ids) - 1) // bs * bs], extra_keys_for(params.cache_salt))
 
@@ -98,13 +98,13 @@ class KVStoreTier:
                 n += 1
             return n
 
-        local = core.aeng.call(local_hits)
+        local = worker.async_engine.call(local_hits)
         if local == len(hashes):
             return 0
         if await self._index_has_answered(listed, local):
-            core.counters.kvstore_lookups_skipped += 1
+            worker.counters.kvstore_lookups_skipped += 1
             return 0
-        core.counters.kvstore_lookups += 1
+        worker.counters.kvstore_lookups += 1
         started = time.perf_counter()
         try:
             slots = await self.client.lookup(hashes[local:], int(self.timeout * 1000), tracing.outgoing(ctx))
@@ -112,31 +112,31 @@ class KVStoreTier:
             self._failed("lookup", exc)
             return 0
         n = len(slots)
-        blocks = core.aeng.call(lambda: eng.handoff.import_start(n)) if n else None
+        blocks = worker.async_engine.call(lambda: eng.handoff.import_start(n)) if n else None
         if not blocks:
             return 0
         ok = False
         try:
             peer = await self._connect()
-            await core.transfers.read(peer, [b.block_id for b in blocks], slots, self.timeout)
+            await worker.transfers.read(peer, [b.block_id for b in blocks], slots, self.timeout)
             ok = True
         except _FAILURES as exc:
             self._failed("read", exc)
         finally:
             chunks = [ids[(local + i) * bs : (local + i + 1) * bs] for i in range(n)]
             parent = hashes[local - 1] if local else None
-            core.aeng.call(lambda: eng.handoff.import_finish(
+            worker.async_engine.call(lambda: eng.handoff.import_finish(
                 blocks, hashes[local : local + n], chunks, parent, ok))
         if not ok:
             return 0
-        core.counters.kvstore_fetched_tokens += n * bs
-        core.kvstore_cost.observe(n * bs, time.perf_counter() - started)
+        worker.counters.kvstore_fetched_tokens += n * bs
+        worker.kvstore_cost.observe(n * bs, time.perf_counter() - started)
         return n * bs
 
     async def offload(self, request_id: str, ctx=None) -> None:
         """Copy the held prompt's full blocks the store lacks into it (call before release)."""
-        core = self.core
-        hashes, block_ids = core.aeng.call(lambda: core.engine.handoff.offload_plan(request_id))
+        worker = self.worker
+        hashes, block_ids = worker.async_engine.call(lambda: worker.engine.handoff.offload_plan(request_id))
         if not hashes:
             return
         meta = tracing.outgoing(ctx)
@@ -150,7 +150,7 @@ class KVStoreTier:
         try:
             if pairs:
                 peer = await self._connect()
-                await core.transfers.write(peer, [b for b, _ in pairs], [s for _, s in pairs], self.timeout)
+                await worker.transfers.write(peer, [b for b, _ in pairs], [s for _, s in pairs], self.timeout)
             ok = True
         except _FAILURES as exc:
             self._failed("write", exc)
@@ -160,4 +160,4 @@ class KVStoreTier:
             except _FAILURES as exc:
                 self._failed("commit", exc)
         if ok:
-            core.counters.kvstore_offloaded_blocks += len(pairs)
+            worker.counters.kvstore_offloaded_blocks += len(pairs)

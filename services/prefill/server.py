@@ -10,18 +10,18 @@ import grpc
 
 from services.prefill import servicer
 from services.worker.config import WorkerConfig
-from services.worker.core import WorkerCore
 from services.worker.server import Background
 from services.worker.server import serve as serve_worker
+from services.worker.worker import Worker
 
 
-def attach(server: grpc.aio.Server, core: WorkerCore) -> list[Background]:
-    servicer.add_to_server(server, core)
-    if not core.cfg.redis_url:
+def attach(server: grpc.aio.Server, worker: Worker) -> list[Background]:
+    servicer.add_to_server(server, worker)
+    if not worker.cfg.redis_url:
         return []
     from pdmesh.index.publisher import IndexPublisher
 
-    publisher = IndexPublisher(core.cfg.redis_url, core.worker_id, core.epoch, core.address)
+    publisher = IndexPublisher(worker.cfg.redis_url, worker.worker_id, worker.epoch, worker.address)
 
     async def publish() -> None:
         loop, wake = asyncio.get_running_loop(), asyncio.Event()
@@ -30,9 +30,9 @@ def attach(server: grpc.aio.Server, core: WorkerCore) -> list[Background]:
             with contextlib.suppress(RuntimeError):  # the loop closed: the worker is stopping
                 loop.call_soon_threadsafe(wake.set)
 
-        core.engine.pool.on_first_event = first_event
-        await publisher.run(lambda: core.aeng.call(core.engine.pool.take_events),
-                            lambda: core.aeng.call(lambda: list(core.engine.pool.cached)), wake)
+        worker.engine.pool.on_first_event = first_event
+        await publisher.run(lambda: worker.async_engine.call(worker.engine.pool.take_events),
+                            lambda: worker.async_engine.call(lambda: list(worker.engine.pool.cached)), wake)
 
     return [publish()]
 

@@ -46,7 +46,7 @@ from pdmesh.telemetry.logging_setup import bind_request
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
 from services.prefill.chunk_sender import ChunkSender
 from services.prefill.kvstore_tier import KVStoreTier
-from services.worker.core import WorkerCore
+from services.worker.worker import Worker
 
 SERVICE = "pdmesh.v1.Prefill"
 
@@ -75,9 +75,9 @@ class PrefillJob:
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
-    def __init__(self, core: WorkerCore) -> None:
-        self.core = core
-        self.tier = KVStoreTier(core, core.cfg.kvstore) if core.cfg.kvstore else None
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.tier = KVStoreTier(worker, worker.cfg.kvstore) if worker.cfg.kvstore else None
         self._background: set[asyncio.Task[None]] = set()
 
     async def Prefill(  # noqa: N802 (gRPC method name)
@@ -97,7 +97,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                        destination: asyncio.Future[KvDestination],
                        early: Early | None = None,
                        ) -> worker_pb2.PrefillResponse:
-        core = self.core
+        worker = self.worker
         user = sampling_from_proto(request.sampling)
         params = user.replace(
             max_tokens=1, min_tokens=min(user.min_tokens, 1), stop=(), output_kind="final_only",
@@ -108,7 +108,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         span = tracing.start_span("prefill", tracing.incoming(context), request_id=rid, prompt_tokens=len(ids))
         bind_request(rid, span)
         job = PrefillJob(rid, ids, params, destination,
-                         min(remaining(context, core.cfg.transfer_timeout_s), core.cfg.transfer_timeout_s),
+                         min(remaining(context, worker.cfg.transfer_timeout_s), worker.cfg.transfer_timeout_s),
                          span, time.perf_counter(), user_stops=bool(user.stop),
                          listed=dict(request.index_view.tier_blocks) if request.HasField("index_view") else None,
                          early=early)
@@ -121,15 +121,15 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             span.end()
 
     async def _run(self, job: PrefillJob) -> worker_pb2.PrefillResponse:
-        core = self.core
+        worker = self.worker
         sctx = tracing.child_context(job.span)
-        timer = core.request_metrics.stream()
+        timer = worker.request_metrics.stream()
         if self.tier is not None:
             fetch = tracing.start_span("kvstore.fetch", sctx)
             fetched = await self.tier.fetch(job.prompt, job.params, job.listed, tracing.child_context(fetch))
             fetch.set_attribute("pdmesh.fetched_tokens", fetched)
             fetch.end()
-        sender = ChunkSender(core, job.request_id, job.destination, job.transfer_timeout_s, job.span)
+        sender = ChunkSender(worker, job.request_id, job.destination, job.transfer_timeout_s, job.span)
         transfer = tracing.start_span("kv_transfer", sctx)
         final = await self._compute(job, sender, transfer)
         computed_at = time.perf_counter()
@@ -139,19 +139,19 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             try:
                 if job.early is not None:
                     await job.early(self._first_token(job, final, computed_at, first_only=True))
-                sent_blocks = await sender.finish(-(-len(job.prompt) // core.cfg.block_size))
+                sent_blocks = await sender.finish(-(-len(job.prompt) // worker.cfg.block_size))
             finally:
                 await sender.stop()  # done already after finish; after a failed early answer, the writes stop
                 dest = sender.dest
                 if dest is not None:
                     transfer.set_attributes({
                         "pdmesh.peer": dest.worker_id, "pdmesh.first_block": dest.first_block,
-                        "pdmesh.bytes_needed": len(dest.block_ids) * core.transport.block_bytes,
+                        "pdmesh.bytes_needed": len(dest.block_ids) * worker.transport.block_bytes,
                         "pdmesh.bytes": sender.bytes, "pdmesh.blocks": sender.sent - dest.first_block,
                         "pdmesh.overlapped_blocks": sender.overlapped_blocks})
                     job.span.set_attribute("pdmesh.destination", dest.worker_id)
                 transfer.end()
-            core.counters.overlapped_blocks += sender.overlapped_blocks
+            worker.counters.overlapped_blocks += sender.overlapped_blocks
             if self.tier is not None:
                 task = asyncio.create_task(self._offload_then_release(job.request_id, sctx))
                 self._background.add(task)
@@ -159,7 +159,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 offloading = True
         finally:
             if not offloading:
-                core.aeng.call(lambda: core.engine.handoff.release(job.request_id))
+                worker.async_engine.call(lambda: worker.engine.handoff.release(job.request_id))
         timer.done("prefilled")
         return self._response(job, final, sent_blocks, sender.bytes, computed_at, sender.inline)
 
@@ -168,7 +168,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         final = None
         sender.start()
         try:
-            async for out in self.core.aeng.generate(job.prompt, job.params, job.request_id, hold_kv=True):
+            async for out in self.worker.async_engine.generate(job.prompt, job.params, job.request_id, hold_kv=True):
                 final = out
         except BaseException:
             await sender.stop()
@@ -200,15 +200,15 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
     def _response(self, job: PrefillJob, final: RequestOutput, sent_blocks: int, moved: int,
                   computed_at: float, inline: bool | None) -> worker_pb2.PrefillResponse:
-        core = self.core
+        worker = self.worker
         cached = final.metrics.num_cached_tokens
         m = final.metrics
         job.span.set_attributes({
             "pdmesh.cached_tokens": cached, "pdmesh.computed_tokens": len(job.prompt) - cached,
             "pdmesh.queue_wait_ms": 1000 * ((m.first_scheduled_time or m.arrival_time) - m.arrival_time),
         })
-        core.counters.cached_prompt_tokens += cached
-        core.counters.computed_prompt_tokens += len(job.prompt) - cached
+        worker.counters.cached_prompt_tokens += cached
+        worker.counters.computed_prompt_tokens += len(job.prompt) - cached
         resp = self._first_token(job, final, computed_at)
         resp.blocks_transferred, resp.bytes_transferred = sent_blocks, moved
         resp.transfer_ms = 1000 * (time.perf_counter() - computed_at)
@@ -223,10 +223,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 await self.tier.offload(rid, tracing.child_context(span))
         finally:
             span.end()
-            self.core.aeng.call(lambda: self.core.engine.handoff.release(rid))
+            self.worker.async_engine.call(lambda: self.worker.engine.handoff.release(rid))
 
 
-def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> PrefillServicer:
-    servicer = PrefillServicer(core)
+def add_to_server(server: grpc.aio.Server, worker: Worker) -> PrefillServicer:
+    servicer = PrefillServicer(worker)
     worker_pb2_grpc.add_PrefillServicer_to_server(servicer, server)
     return servicer

@@ -1,6 +1,6 @@
 """The prefill decision: what each candidate holds (index + recent routes), then the policy.
 
-Kept apart from ``RouterCore`` (tokenizing, tracing, counters) so the routing simulator
+Kept apart from ``Router`` (tokenizing, tracing, counters) so the routing simulator
 (``pdmesh bench route-sim``) runs exactly this code, against a real Redis, on a virtual
 clock.
 """

@@ -23,11 +23,11 @@ from pdmesh.rpc.tls import TLSFiles
 from pdmesh.telemetry.metrics import serve_metrics
 from services.router import servicer
 from services.router.config import RouterConfig
-from services.router.core import RouterCore
 from services.router.registry import Registry
+from services.router.router import Router
 
 
-def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, RouterCore]:
+def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer, Router]:
     api_key = cfg.api_key or os.environ.get("PDMESH_API_KEY", "")
     guards = [BearerTokenInterceptor(api_key, servicer.SERVICES)] if api_key else []
     server, port, health_servicer = create_grpc_server(
@@ -37,25 +37,25 @@ def create_server(cfg: RouterConfig) -> tuple[grpc.aio.Server, int, health.aio.H
     index: PrefixIndex | MirroredIndex | None = None
     if cfg.redis_url:
         index = MirroredIndex(cfg.redis_url) if cfg.index_mirror else PrefixIndex(cfg.redis_url)
-    core = RouterCore(cfg, Registry(cfg), index)
-    servicer.add_to_server(server, core)
-    return server, port, health_servicer, core
+    router = Router(cfg, Registry(cfg), index)
+    servicer.add_to_server(server, router)
+    return server, port, health_servicer, router
 
 
 async def serve(cfg: RouterConfig) -> None:
-    server, port, health_servicer, core = create_server(cfg)
-    await core.workers.refresh()
-    background = [asyncio.create_task(core.workers.run())]
+    server, port, health_servicer, router = create_server(cfg)
+    await router.workers.refresh()
+    background = [asyncio.create_task(router.workers.run())]
     if cfg.redis_url:
-        background.append(asyncio.create_task(core.workers.watch_members(cfg.redis_url)))
-    if isinstance(core.index, MirroredIndex):
-        background.append(asyncio.create_task(core.index.run()))
+        background.append(asyncio.create_task(router.workers.watch_members(cfg.redis_url)))
+    if isinstance(router.index, MirroredIndex):
+        background.append(asyncio.create_task(router.index.run()))
     await server.start()
     http = None
     if cfg.http_port >= 0:
-        from services.router.http.server import HTTPFront
+        from services.router.http.front import HTTPFront
 
-        http = HTTPFront(core, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""),
+        http = HTTPFront(router, cfg.host, cfg.http_port, cfg.api_key or os.environ.get("PDMESH_API_KEY", ""),
                          cfg.tls_cert, cfg.tls_key)
         try:
             http_port = await http.start()
@@ -67,7 +67,7 @@ async def serve(cfg: RouterConfig) -> None:
             write_port_file(cfg.port_file + ".http", http_port)
         scheme = "https" if cfg.tls_cert else "http"
         print(f"pdmesh router HTTP API on {scheme}://{cfg.host}:{http_port}", flush=True)
-    serve_metrics(core.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
+    serve_metrics(router.metrics, cfg.host, cfg.metrics_port, cfg.port_file)
     freeze_startup_objects()
     write_port_file(cfg.port_file, port)
     await set_serving(health_servicer, servicer.SERVICES, True)
@@ -75,7 +75,7 @@ async def serve(cfg: RouterConfig) -> None:
 
     async def stop() -> None:
         await cancel_all(background)
-        await core.feeds.close()
+        await router.feeds.close()
 
     await serve_until_signal(server, health_servicer, servicer.SERVICES, cfg.drain_grace_s, stop,
                              http.stop if http is not None else None)

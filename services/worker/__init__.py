@@ -1,1 +1,1 @@
-"""The runtime prefill and decode workers share: config, engine + NIXL core, server."""
+"""The runtime prefill and decode workers share: config, the Worker (engine + NIXL), server."""

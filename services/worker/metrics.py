@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from services.worker.core import WorkerCore
+    from pdmesh.engine.async_engine import AsyncLLMEngine
+    from pdmesh.engine.llm_engine import LLMEngine
+    from pdmesh.kv.transfer.runner import TransferRunner
+    from services.worker.config import WorkerConfig
+    from services.worker.counters import Counters
+
+
+class ScrapedWorker(Protocol):
+    """What a scrape reads of the worker (``Worker``), without importing it."""
+
+    cfg: WorkerConfig
+    engine: LLMEngine
+    async_engine: AsyncLLMEngine
+    counters: Counters
+    transfers: TransferRunner
 
 Sample = tuple[str, str, str, Any, dict[str, str]]
 
 
-def worker_snapshot(core: WorkerCore) -> list[Sample]:
+def worker_snapshot(worker: ScrapedWorker) -> list[Sample]:
     """Call under the engine lock."""
-    eng, c = core.engine, core.counters
+    eng, c = worker.engine, worker.counters
     s = eng.pool.stats()
-    role: dict[str, str] = {"role": core.cfg.role}
+    role: dict[str, str] = {"role": worker.cfg.role}
     prompt = c.cached_prompt_tokens + c.computed_prompt_tokens
     blocks = "KV blocks by state"
     tokens = "Prompt tokens by source"
@@ -41,7 +55,7 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
          c.cached_prompt_tokens / prompt if prompt else 0.0, role),
         ("counter", "pdmesh_kv_transfer_bytes", "KV bytes written to decode workers", c.kv_bytes_sent, role),
         ("counter", "pdmesh_kv_transfer_seconds", "Time with a KV write in flight",
-         core.transfers.writing.seconds, role),
+         worker.transfers.writing.seconds, role),
         ("counter", "pdmesh_kv_overlapped_blocks", "Blocks sent while later chunks computed",
          c.overlapped_blocks, role),
         ("counter", "pdmesh_expired_leases", "Reservations freed because their KV never came",
@@ -52,13 +66,13 @@ def worker_snapshot(core: WorkerCore) -> list[Sample]:
         ("counter", "pdmesh_kv_writes_received", received, c.kv_writes_polled, {**role, "path": "polled"}),
         ("counter", "pdmesh_kvstore_lookups", lookups, c.kvstore_lookups, {**role, "outcome": "asked"}),
         ("counter", "pdmesh_kvstore_lookups", lookups, c.kvstore_lookups_skipped, {**role, "outcome": "skipped"}),
-        *_spec_samples(core, role),
-        *_core_share_samples(core, role),
+        *_spec_samples(worker, role),
+        *_core_share_samples(worker, role),
     ]
 
 
-def _core_share_samples(core: WorkerCore, role: dict[str, str]) -> list[Sample]:
-    share = core.aeng.core_share
+def _core_share_samples(worker: ScrapedWorker, role: dict[str, str]) -> list[Sample]:
+    share = worker.async_engine.core_share
     if share is None:
         return []
     return [
@@ -69,8 +83,8 @@ def _core_share_samples(core: WorkerCore, role: dict[str, str]) -> list[Sample]:
     ]
 
 
-def _spec_samples(core: WorkerCore, role: dict[str, str]) -> list[Sample]:
-    spec = core.engine.speculator
+def _spec_samples(worker: ScrapedWorker, role: dict[str, str]) -> list[Sample]:
+    spec = worker.engine.speculator
     if spec is None:
         return []
     st = spec.stats

@@ -6,18 +6,18 @@ import grpc
 
 from pdmesh.rpc.convert import info_to_proto
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.core import WorkerCore
+from services.worker.worker import Worker
 
 SERVICE = "pdmesh.v1.Worker"
 
 
 class WorkerInfoServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, core: WorkerCore) -> None:
-        self.core = core
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
 
     async def Info(self, request: worker_pb2.InfoRequest, context) -> worker_pb2.WorkerInfo:  # noqa: N802
-        return info_to_proto(self.core.aeng.call(self.core.info))
+        return info_to_proto(self.worker.async_engine.call(self.worker.info))
 
 
-def add_to_server(server: grpc.aio.Server, core: WorkerCore) -> None:
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerInfoServicer(core), server)
+def add_to_server(server: grpc.aio.Server, worker: Worker) -> None:
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerInfoServicer(worker), server)

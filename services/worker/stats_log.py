@@ -10,18 +10,18 @@ import time
 from dataclasses import dataclass
 
 from services.worker.config import WorkerConfig
-from services.worker.core import WorkerCore
+from services.worker.worker import Worker
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 10.0
 
 
-def startup_summary(cfg: WorkerConfig, core: WorkerCore) -> str:
-    eng = core.engine
+def startup_summary(cfg: WorkerConfig, worker: Worker) -> str:
+    eng = worker.engine
     mc, blocks = eng.model_config, eng.pool.stats().num_blocks
-    pool_bytes = core.transport.block_bytes * blocks
-    return (f"serving {cfg.model} ({mc.architecture}, {mc.family}) as {cfg.role} {core.worker_id}: "
-            f"dtype {core.dtype_name}, device {core.device}, tensor parallel 1, "
+    pool_bytes = worker.transport.block_bytes * blocks
+    return (f"serving {cfg.model} ({mc.architecture}, {mc.family}) as {cfg.role} {worker.worker_id}: "
+            f"dtype {worker.dtype_name}, device {worker.device}, tensor parallel 1, "
             f"{blocks} KV blocks of {cfg.block_size} tokens ({pool_bytes / 2**30:.2f} GiB, "
             f"{blocks * cfg.block_size} tokens), max model len {eng.max_model_len}")
 
@@ -34,9 +34,9 @@ class Totals:
     generated: int
 
 
-def _read(core: WorkerCore) -> tuple[Totals, int, int, int, int]:
+def _read(worker: Worker) -> tuple[Totals, int, int, int, int]:
     """Under the engine lock: the counters, running, waiting, used and total blocks."""
-    eng, c = core.engine, core.counters
+    eng, c = worker.engine, worker.counters
     stats = eng.pool.stats()
     totals = Totals(time.monotonic(), c.computed_prompt_tokens, c.cached_prompt_tokens, eng.generated_tokens)
     return totals, len(eng.scheduler.running), eng.scheduler.num_waiting, stats.used, stats.num_blocks
@@ -56,11 +56,11 @@ def stats_line(before: Totals, now: Totals, running: int, waiting: int, used: in
             f"KV {100 * used / max(blocks, 1):.1f}% used ({used}/{blocks} blocks); prefix hits {hits}")
 
 
-async def log_stats(core: WorkerCore, interval_s: float = STATS_INTERVAL_S) -> None:
-    before = core.aeng.call(lambda: _read(core))[0]
+async def log_stats(worker: Worker, interval_s: float = STATS_INTERVAL_S) -> None:
+    before = worker.async_engine.call(lambda: _read(worker))[0]
     while True:
         await asyncio.sleep(interval_s)
-        now, running, waiting, used, blocks = core.aeng.call(lambda: _read(core))
+        now, running, waiting, used, blocks = worker.async_engine.call(lambda: _read(worker))
         line = stats_line(before, now, running, waiting, used, blocks)
         if line is not None:
             log.info("%s", line)

@@ -52,17 +52,17 @@ def test_the_engine_thread_is_named_and_its_cpu_is_counted_under_that_name(llama
     engine = _engine(llama_dir)
 
     async def main() -> None:
-        aeng = AsyncLLMEngine(engine)
+        async_engine = AsyncLLMEngine(engine)
         before = cpu.snapshot()
         params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, output_kind="final_only")
         for i in range(3):
-            async for _ in aeng.generate(list(range(5, 105)), params, request_id=f"r{i}"):
+            async for _ in async_engine.generate(list(range(5, 105)), params, request_id=f"r{i}"):
                 pass
         spent = cpu.spent(before, cpu.snapshot())
         assert spent["client"].get("pdmesh-engine", 0.0) > 0.0, spent
         server, client = cpu.totals(spent)
         assert server == 0.0 and client >= spent["client"]["pdmesh-engine"]
         assert any(line.strip().startswith("client") for line in cpu.lines(spent))
-        await aeng.shutdown()
+        await async_engine.shutdown()
 
     asyncio.run(main())

@@ -127,21 +127,21 @@ def _run(engine: LLMEngine, prompt, params):  # type: ignore[no-untyped-def]
 
 def test_async_streams_deltas_and_cancellation_frees_blocks(engine: LLMEngine) -> None:
     async def main() -> None:
-        aeng = AsyncLLMEngine(engine)
+        async_engine = AsyncLLMEngine(engine)
         prompts = mixed_prompts(6, seed=7)
         params = SamplingParams(temperature=0, max_tokens=12, output_kind="delta", ignore_eos=True)
 
         async def collect(i: int) -> tuple[list[int], str]:
             toks: list[int] = []
             text = ""
-            async for out in aeng.generate(prompts[i], params, request_id=f"s{i}"):
+            async for out in async_engine.generate(prompts[i], params, request_id=f"s{i}"):
                 toks += out.outputs[0].token_ids
                 text += out.outputs[0].text
             return toks, text
 
         async def cancel_midway() -> None:
             seen = 0
-            async for _ in aeng.generate(prompts[0], params.replace(max_tokens=200), request_id="c"):
+            async for _ in async_engine.generate(prompts[0], params.replace(max_tokens=200), request_id="c"):
                 seen += 1
                 if seen == 3:
                     break
@@ -151,13 +151,13 @@ def test_async_streams_deltas_and_cancellation_frees_blocks(engine: LLMEngine) -
         for toks, text in results[:6]:
             assert len(toks) == 12 and text == final(toks)
         with pytest.raises(InvalidRequestError):
-            async for _ in aeng.generate("", params):
+            async for _ in async_engine.generate("", params):
                 pass
         for _ in range(100):
             if not engine.has_unfinished_requests():
                 break
             await asyncio.sleep(0.01)
-        await aeng.shutdown()
+        await async_engine.shutdown()
 
     asyncio.run(main())
     assert_no_leak(engine)
@@ -174,14 +174,14 @@ def test_a_stopped_engine_leaves_its_cores_to_its_peers(engine: LLMEngine, tmp_p
     peer = CoreShare(path, 1, 1, 2, peer_threads.append)
 
     async def main() -> None:
-        aeng = AsyncLLMEngine(engine)
-        aeng.core_share = CoreShare(path, 0, 1, 2, lambda n: None)
+        async_engine = AsyncLLMEngine(engine)
+        async_engine.core_share = CoreShare(path, 0, 1, 2, lambda n: None)
         params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-        async for _ in aeng.generate(mixed_prompts(1, seed=3)[0], params, request_id="cores"):
+        async for _ in async_engine.generate(mixed_prompts(1, seed=3)[0], params, request_id="cores"):
             pass
-        share = aeng.core_share
-        await aeng.shutdown()
-        assert aeng.core_share is None and share.closed  # released, its slot left idle
+        share = async_engine.core_share
+        await async_engine.shutdown()
+        assert async_engine.core_share is None and share.closed  # released, its slot left idle
 
     asyncio.run(main())
     assert peer.busy() == 2

@@ -50,10 +50,10 @@ def main() -> None:
             side_late.append(time.perf_counter() - t0 - 0.0001)
 
     async def run() -> float:
-        aeng = AsyncLLMEngine(engine)
+        async_engine = AsyncLLMEngine(engine)
 
         async def one(prompt: list[int]) -> None:
-            async for _ in aeng.generate(prompt, params):
+            async for _ in async_engine.generate(prompt, params):
                 pass
 
         async def ticker() -> None:
@@ -72,7 +72,7 @@ def main() -> None:
         stop.set()
         side.join()
         tick.cancel()
-        await aeng.shutdown()
+        await async_engine.shutdown()
         return wall
 
     wall = asyncio.run(run())

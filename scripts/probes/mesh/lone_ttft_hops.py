@@ -7,7 +7,7 @@ then for fresh prompts sent one at a time alternates three ways of getting the f
 - ``direct``: the hand-off's calls made from here one after another — ``Reserve`` on the
   decode worker, ``Prefill`` on the prefill worker (its response says how long it computed
   and transferred), the first message of ``Decode`` — each timed (the router overlaps
-  ``Reserve`` with the prefill, ``services/router/handoff.py``: router - direct is what
+  ``Reserve`` with the prefill, ``services/router/request/handoff.py``: router - direct is what
   that and skipping the ``Decode`` message save);
 - ``local``: ``GenerateLocal`` on the decode worker, which prefills the prompt itself (one
   hop and the engine: the floor the mesh is measured against);

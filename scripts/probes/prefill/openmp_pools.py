@@ -46,18 +46,18 @@ def _measure(way: str, model: str, n: int, threads: int) -> float:
         return [rng.randrange(10, 1000) for _ in range(256)]
 
     async def run() -> list[float]:
-        aeng = AsyncLLMEngine(engine)
+        async_engine = AsyncLLMEngine(engine)
         times = []
         for _ in range(n + 2):  # two warm-up prompts
             if way == "in-process":
                 times.append(_run_engine(engine, [prompt()], 1)["ttft_p50"])
             else:
                 t0 = time.perf_counter()
-                async for _out in aeng.generate(prompt(), one):
+                async for _out in async_engine.generate(prompt(), one):
                     break
                 times.append(time.perf_counter() - t0)
             await asyncio.sleep(0.2)
-        await aeng.shutdown()
+        await async_engine.shutdown()
         return times[2:]
 
     return 1000 * pct(asyncio.run(run()), 0.5)

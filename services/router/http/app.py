@@ -23,7 +23,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdmesh.errors import InvalidRequestError, PdmeshError
 from pdmesh.structured.spec import StructuredOutput
-from services.router.core import RouterCore
 from services.router.http import convert, structured
 from services.router.http import responses as responses_api
 from services.router.http.errors import HTTPError, error_response, status_of
@@ -36,6 +35,7 @@ from services.router.http.schemas import (
     TokenizeRequest,
 )
 from services.router.reasoning import thinking_of
+from services.router.router import Router
 from services.router.tools.calls import ToolPlan
 from services.router.tools.calls import plan as plan_tools
 
@@ -86,7 +86,7 @@ class Gate:
         return None
 
 
-def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
+def create_app(router: Router, api_key: str = "") -> FastAPI:
     app = FastAPI(title="pdmesh", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -108,18 +108,18 @@ def create_app(core: RouterCore, api_key: str = "") -> FastAPI:
     for kind in (HTTPError, PdmeshError, grpc.aio.AioRpcError, TimeoutError, Exception):
         app.add_exception_handler(kind, failed)
 
-    app.add_middleware(Gate, limit=int(core.cfg.max_request_mb * 2**20), api_key=api_key)
-    _add_generation_routes(app, core)
-    _add_utility_routes(app, core)
+    app.add_middleware(Gate, limit=int(router.cfg.max_request_mb * 2**20), api_key=api_key)
+    _add_generation_routes(app, router)
+    _add_utility_routes(app, router)
     return app
 
 
-def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
+def _add_generation_routes(app: FastAPI, router: Router) -> None:
     async def start(gen: Generation, source: str) -> tuple[Any, AsyncIterator[Any]]:
         """The generation's first item (or its first error, before any status goes out)
         and the rest."""
         try:  # compiled here first, so a bad schema is refused with the field the body used
-            await core.check_structured(gen.params)
+            await router.check_structured(gen.params)
         except InvalidRequestError as exc:
             raise structured.renamed(exc, source) from None
         items = gen.stream()
@@ -139,43 +139,43 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
                    prompts: list[tuple[str | None, list[int]]], max_tokens: int | None,
                    logprobs: int | None, spec: StructuredOutput | None, tools: ToolPlan | None = None
                    ) -> Generation:
-        limit = core.model_config.max_position_embeddings
+        limit = router.model_config.max_position_embeddings
         longest = max(len(ids) for _, ids in prompts)
         params = convert.sampling(req, max_tokens or max(1, limit - longest), logprobs, spec,
                                   keep_special_tokens=tools is not None and tools.keeps_special_tokens)
         for _, ids in prompts:
-            core.check_length(ids, params)
+            router.check_length(ids, params)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
-        return Generation(core, kind, req.request_id or f"{prefix}-{uuid.uuid4().hex}",
-                          req.model or core.listed_names[0], prompts,
+        return Generation(router, kind, req.request_id or f"{prefix}-{uuid.uuid4().hex}",
+                          req.model or router.listed_names[0], prompts,
                           params, echo=getattr(req, "echo", False),
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
                           return_token_ids=req.return_token_ids, tools=tools,
                           show_prompt_logprobs=req.prompt_logprobs is not None,
-                          reasoning=(core.cfg.reasoning_parser or None) if kind == "chat" else None)
+                          reasoning=(router.cfg.reasoning_parser or None) if kind == "chat" else None)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> Response:
-        convert.check_model(core, req.model)
+        convert.check_model(router, req.model)
         spec, source = structured.requested(req)
-        prompts = await convert.completion_prompts(core, req)
+        prompts = await convert.completion_prompts(router, req)
         return await run(generation("completion", req, prompts, req.max_tokens or 16, req.logprobs, spec),
                          req.stream, source)
 
     async def chat_generation(req: ChatCompletionRequest) -> tuple[Generation, str]:
         """A chat request as a generation, and the field its output constraint came from."""
-        convert.check_model(core, req.model)
+        convert.check_model(router, req.model)
         spec, source = structured.requested(req)
-        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, core.cfg.tool_call_parser)
+        tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, router.cfg.tool_call_parser)
         if tools is not None and tools.structured is not None:
             if spec is not None:
                 raise InvalidRequestError(source, f"tool_choice {req.tool_choice!r} already fixes the output's "
                                           f"shape; leave {source} unset")
             spec, source = tools.structured, tools.source
-        parser = core.cfg.reasoning_parser or None
+        parser = router.cfg.reasoning_parser or None
         if spec is not None and parser is not None:  # the constraint is on the answer, after the thinking
             spec = dataclasses.replace(spec, thinking=thinking_of(parser))
-        ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt,
+        ids = await convert.chat_prompt(router, req.messages, req.add_generation_prompt,
                                         tools.tools if tools is not None else None)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         gen = generation("chat", req, [(None, ids)], req.max_completion_tokens or req.max_tokens, logprobs,
@@ -198,38 +198,38 @@ def _add_generation_routes(app: FastAPI, core: RouterCore) -> None:
         return JSONResponse(reply.body(await gen.collect(first, items)))
 
 
-def _add_utility_routes(app: FastAPI, core: RouterCore) -> None:
+def _add_utility_routes(app: FastAPI, router: Router) -> None:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "pdmesh",
-            "root": core.cfg.model, "max_model_len": core.model_config.max_position_embeddings,
-        } for name in core.listed_names]}
+            "root": router.cfg.model, "max_model_len": router.model_config.max_position_embeddings,
+        } for name in router.listed_names]}
 
     @app.get("/health")
     async def health() -> Response:
-        why = core.unservable()
+        why = router.unservable()
         if why:
             return error_response(HTTPError(503, why))
         return Response(status_code=200)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict[str, Any]:
-        convert.check_model(core, req.model)
+        convert.check_model(router, req.model)
         if req.messages is not None:
-            ids = await convert.chat_prompt(core, req.messages, req.add_generation_prompt)
+            ids = await convert.chat_prompt(router, req.messages, req.add_generation_prompt)
         elif req.prompt is not None:
-            ids = await core.tokenize(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = await router.tokenize(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
             raise HTTPError(400, "set prompt or messages", "prompt")
-        return {"tokens": ids, "count": len(ids), "max_model_len": core.model_config.max_position_embeddings}
+        return {"tokens": ids, "count": len(ids), "max_model_len": router.model_config.max_position_embeddings}
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
-        convert.check_model(core, req.model)
-        ids = core.prompt_ids(req.tokens) if req.tokens else []
-        return {"prompt": core.tokenizer.decode(ids, skip_special_tokens=False)}
+        convert.check_model(router, req.model)
+        ids = router.prompt_ids(req.tokens) if req.tokens else []
+        return {"prompt": router.tokenizer.decode(ids, skip_special_tokens=False)}
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(core.metrics), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(router.metrics), media_type=CONTENT_TYPE_LATEST)

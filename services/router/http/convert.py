@@ -9,13 +9,13 @@ from typing import Any
 from pdmesh.errors import InvalidRequestError
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.structured.spec import StructuredOutput
-from services.router.core import RouterCore
 from services.router.http.errors import HTTPError
 from services.router.http.schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
 )
+from services.router.router import Router
 
 _PASSED = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
            "repetition_penalty", "min_tokens", "ignore_eos", "include_stop_str_in_output", "priority",
@@ -42,13 +42,13 @@ def sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int, lo
     return SamplingParams.from_dict(options)
 
 
-def check_model(core: RouterCore, model: str | None) -> None:
-    if model is not None and model not in core.served_names:
+def check_model(router: Router, model: str | None) -> None:
+    if model is not None and model not in router.served_names:
         raise HTTPError(404, f"the model {model!r} does not exist; this mesh serves "
-                        f"{', '.join(map(repr, core.listed_names))}", "model", "model_not_found")
+                        f"{', '.join(map(repr, router.listed_names))}", "model", "model_not_found")
 
 
-async def completion_prompts(core: RouterCore, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+async def completion_prompts(router: Router, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
     """``(prompt text or None, token ids)`` for each prompt of a completions request."""
     if req.suffix is not None:
         raise HTTPError(400, "suffix is not supported (no fill-in-the-middle): leave it unset", "suffix")
@@ -64,7 +64,7 @@ async def completion_prompts(core: RouterCore, req: CompletionRequest) -> list[t
     out = []
     for item in texts:
         try:
-            ids = await core.prompt_ids_async(item)
+            ids = await router.prompt_ids_async(item)
         except InvalidRequestError as exc:
             raise HTTPError(400, exc.message, "prompt") from exc
         out.append((item if isinstance(item, str) else None, ids))
@@ -107,7 +107,7 @@ def _loaded(arguments: str) -> Any:
     return value if isinstance(value, dict) else arguments
 
 
-async def chat_prompt(core: RouterCore, messages: list[ChatMessage], add_generation_prompt: bool,
+async def chat_prompt(router: Router, messages: list[ChatMessage], add_generation_prompt: bool,
                       tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """The HTTP body's messages as the router's chat prompt (``RouterCore.chat_ids``)."""
-    return await core.chat_ids([_message(m) for m in messages], add_generation_prompt, tools)
+    """The HTTP body's messages as the router's chat prompt (``Router.chat_ids``)."""
+    return await router.chat_ids([_message(m) for m in messages], add_generation_prompt, tools)

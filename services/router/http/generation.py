@@ -2,7 +2,7 @@
 streamed as SSE.
 
 Choice ``p * n + i`` is completion ``i`` of prompt ``p`` (as vLLM numbers them). Every
-prompt is its own ``RouterCore.generate`` (registered for abort under ``{id}-{p}``);
+prompt is its own ``Router.generate`` (registered for abort under ``{id}-{p}``);
 a client that disconnects cancels the stream, which cancels every flow and frees the KV
 on every worker.
 """
@@ -17,12 +17,12 @@ from typing import Any, Literal
 
 from pdmesh.rpc.convert import FINISH_NAMES
 from pdmesh.sampling_params import SamplingParams
-from services.router.core import RouterCore
 from services.router.http import render
 from services.router.http.answer import ChatAnswer
 from services.router.http.errors import error_body, status_of
 from services.router.reasoning import ReasoningParser, ReasoningSplit
-from services.router.streams import merge
+from services.router.request.streams import merge
+from services.router.router import Router
 from services.router.tools.calls import CallStream, ToolPlan
 
 Kind = Literal["completion", "chat"]
@@ -30,7 +30,7 @@ Kind = Literal["completion", "chat"]
 
 @dataclass
 class Generation:
-    core: RouterCore
+    router: Router
     kind: Kind
     request_id: str
     model: str
@@ -64,9 +64,9 @@ class Generation:
     def stream(self) -> AsyncGenerator[tuple[int, Any], None]:
         """``(choice index, GenerateResponse)`` across every prompt and completion."""
         n = self.params.n
-        deadline = asyncio.get_running_loop().time() + self.core.cfg.request_timeout_s
+        deadline = asyncio.get_running_loop().time() + self.router.cfg.request_timeout_s
         streams = [
-            self.core.generate(self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{p}",
+            self.router.generate(self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{p}",
                                ids, self.params, deadline)
             for p, (_, ids) in enumerate(self.prompts)
         ]
@@ -88,7 +88,7 @@ class Generation:
         body = self._head("chat.completion" if self.kind == "chat" else "text_completion")
         body["choices"] = [self._choice_json(c) for c in choices.values()]
         if self.kind == "chat" and self.show_prompt_logprobs:  # vLLM's chat: once, beside the choices
-            body["prompt_logprobs"] = render.prompt_logprobs_json(self.core.tokenizer, choices[0].prompt_logprobs)
+            body["prompt_logprobs"] = render.prompt_logprobs_json(self.router.tokenizer, choices[0].prompt_logprobs)
         body["usage"] = self.usage.json()
         if self.return_token_ids:
             body["prompt_token_ids"] = [ids for _, ids in self.prompts]
@@ -100,7 +100,7 @@ class Generation:
 
     def _choice_json(self, c: render.Choice) -> dict[str, Any]:
         text = "".join(c.text)
-        tok = self.core.tokenizer
+        tok = self.router.tokenizer
         lp = None
         prompt_ids = self.prompts[c.index // self.params.n][1]
         if self.params.logprobs is not None:
@@ -176,7 +176,7 @@ class Generation:
     def _echo_text(self, index: int) -> str:
         """The prompt a choice echoes: its text, or a token-id prompt's tokens rendered."""
         text, ids = self.prompts[index // self.params.n]
-        return text if text is not None else self.core.tokenizer.decode(ids, skip_special_tokens=False)
+        return text if text is not None else self.router.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _opening(self, index: int, first: Any, offsets: dict[int, int]) -> list[dict[str, Any]]:
         """What a choice's first chunk carries before its tokens: the role, or the echo
@@ -190,13 +190,13 @@ class Generation:
         text, ids = self._echo_text(index), self.prompts[index // self.params.n][1]
         lp = None
         if self.params.logprobs is not None and first is not None:
-            lp = render.echoed_logprobs(self.core.tokenizer, ids, list(first.prompt_logprobs), [])
+            lp = render.echoed_logprobs(self.router.tokenizer, ids, list(first.prompt_logprobs), [])
             offsets[index] = len(text)
         return [{"index": index, "text": text, "logprobs": lp, "finish_reason": None}]
 
     def _delta(self, index: int, resp: Any, offsets: dict[int, int]) -> dict[str, Any]:
         finish = (FINISH_NAMES.get(resp.finish_reason) or "stop") if resp.finish_reason else None
-        tok = self.core.tokenizer
+        tok = self.router.tokenizer
         lp = None
         if self.params.logprobs is not None and resp.logprobs:
             if self.kind == "chat":

@@ -11,7 +11,7 @@ import grpc
 from pdmesh.client import Client
 from pdmesh.launcher import Mesh
 from pdmesh.telemetry.scrape import scrape, total
-from services.router.handoff import LATE_WHY
+from services.router.request.stats import LATE_WHY
 from tests.integration.mesh_tools import wait_idle
 from tests.oracle import mixed_prompts
 

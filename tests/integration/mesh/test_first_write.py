@@ -4,7 +4,7 @@ UCX connects two NIXL agents on their first transfer, and that handshake needs t
 progress passes: a request's first write to a decode worker used to be PENDING until the
 decode worker polled, and the decode worker then polled every awaited reservation for
 ``TRUST_S``. The prefill worker now warms each new peer's connection with one-block reads
-(``WorkerCore._warm``) while the prompt computes, so even the first write is copied
+(``Worker._warm``) while the prompt computes, so even the first write is copied
 inside its own call over shared memory.
 
 What this test can check for one reason: the connection was warmed before the first

@@ -21,7 +21,7 @@ from pdmesh.rpc.clients import decode_stub, prefill_stub
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry.scrape import scrape, total
 from pdmesh.v1 import worker_pb2, worker_pb2_grpc
-from services.router.prefill_call import PrefillCall
+from services.router.request.prefill_call import PrefillCall
 from tests.integration.mesh_tools import wait_idle
 
 

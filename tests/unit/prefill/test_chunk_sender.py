@@ -4,7 +4,7 @@ A failed write drops the peer once nothing else is in flight with it (``Transfer
 a request that connected before the drop and writes after it must connect again rather
 than fail for the other request's fault. Real NIXL (two agents in this process over UCX)
 and the real runner; the first write fails through the fault-injecting wrapper, since a
-live pair cannot be made to fail one write on demand. The worker core around them is a
+live pair cannot be made to fail one write on demand. The ``Worker`` around them is a
 stand-in carrying only what ``ChunkSender`` touches; its connect adds the peer's layout
 as the real one does from the peer's ``Info``.
 """
@@ -35,7 +35,7 @@ class _Core:
         self.peer = peer
         self.connects = 0
         self.engine = SimpleNamespace(block_ids_of=lambda rid: blocks[rid])
-        self.aeng = SimpleNamespace(call=lambda fn: fn(), watch_progress=lambda rid, fn: None)
+        self.async_engine = SimpleNamespace(call=lambda fn: fn(), watch_progress=lambda rid, fn: None)
 
     async def ensure_peer(self, worker_id: str, address: str, timeout: float) -> None:
         if not self.transport.has_peer(worker_id):
@@ -66,13 +66,13 @@ def _done(dest: KvDestination) -> asyncio.Future[KvDestination]:
 
 def test_a_request_connected_before_another_failed_write_writes_after_it(pools) -> None:  # type: ignore[no-untyped-def]
     src, dst, layout, src_pool, dst_pool = pools
-    core = _Core(FailingWrites(src, {1}), layout, {"a": [0, 1], "b": [2, 3]})
+    worker = _Core(FailingWrites(src, {1}), layout, {"a": [0, 1], "b": [2, 3]})
 
     async def go() -> tuple[int, bool, bool | None, bool | None]:
         receiver = TransferRunner(dst)
         receiver.poller.drive_progress(lambda: True)  # a UCX target progresses, as a decode worker does
-        a = ChunkSender(core, "a", _done(KvDestination("sender-dst", "-", (4, 5))), timeout=10)  # type: ignore[arg-type]
-        b = ChunkSender(core, "b", _done(KvDestination("sender-dst", "-", (6, 7))), timeout=10)  # type: ignore[arg-type]
+        a = ChunkSender(worker, "a", _done(KvDestination("sender-dst", "-", (4, 5))), timeout=10)  # type: ignore[arg-type]
+        b = ChunkSender(worker, "b", _done(KvDestination("sender-dst", "-", (6, 7))), timeout=10)  # type: ignore[arg-type]
         try:
             await a._connect()  # a's destination came and it is connected
             with pytest.raises(TransferFailedError):
@@ -80,7 +80,7 @@ def test_a_request_connected_before_another_failed_write_writes_after_it(pools) 
             dropped = not src.has_peer("sender-dst")
             sent = await a.finish(2)
         finally:
-            core.transfers.poller.close()
+            worker.transfers.poller.close()
             receiver.poller.close()
         return sent, dropped, a.inline, b.inline
 
@@ -88,5 +88,5 @@ def test_a_request_connected_before_another_failed_write_writes_after_it(pools) 
     assert dropped
     # how the KV landed is said only for writes that happened (the decode worker learns from it)
     assert b_inline is None and a_inline in (True, False)
-    assert sent == 2 and core.connects == 2
+    assert sent == 2 and worker.connects == 2
     assert torch.equal(dst_pool[4:6], src_pool[0:2])

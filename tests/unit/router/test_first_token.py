@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pdmesh.sampling_params import SamplingParams
 from pdmesh.v1 import common_pb2, generate_pb2, worker_pb2
-from services.router import first_token
+from services.router.request import first_token
 
 
 def _prefill(text: str | None = " the", stopped: bool = False, logprob: bool = False) -> worker_pb2.PrefillResponse:

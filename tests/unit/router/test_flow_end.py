@@ -37,15 +37,15 @@ class _DiesAfterLastMessage:
 
 def test_a_stream_whose_last_message_arrived_is_not_migrated(llama_dir) -> None:  # type: ignore[no-untyped-def]
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
-    from services.router.flow import RequestFlow
     from services.router.registry import Registry, WorkerHandle
+    from services.router.request.flow import RequestFlow
+    from services.router.router import Router
 
     cfg = RouterConfig(model=str(llama_dir))
-    core = RouterCore(cfg, Registry(cfg))  # no decode worker to migrate to: a migration would raise
+    router = Router(cfg, Registry(cfg))  # no decode worker to migrate to: a migration would raise
 
     async def relay() -> list[generate_pb2.GenerateResponse]:
-        flow = RequestFlow(core, "r", [1, 2, 3], SamplingParams(max_tokens=2), deadline=1e12,
+        flow = RequestFlow(router, "r", [1, 2, 3], SamplingParams(max_tokens=2), deadline=1e12,
                            decode=WorkerHandle("127.0.0.1:1", "decode", healthy=True))  # the registry's none
         got = [resp async for resp in flow._decoded(_DiesAfterLastMessage())]
         assert flow.finished and flow.streamed_tokens == [5, 6]
@@ -53,4 +53,4 @@ def test_a_stream_whose_last_message_arrived_is_not_migrated(llama_dir) -> None:
 
     got = asyncio.run(relay())
     assert [list(r.token_ids) for r in got] == [[5], [6]]
-    assert core.migrations == 0
+    assert router.stats.migrations == 0

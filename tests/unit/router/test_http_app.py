@@ -12,15 +12,15 @@ import aiohttp
 import pytest
 
 from services.router.config import RouterConfig
-from services.router.core import RouterCore
-from services.router.http.server import HTTPFront
+from services.router.http.front import HTTPFront
 from services.router.registry import Registry
+from services.router.router import Router
 
 
 async def _with_front(llama_dir: Path, calls: list[tuple[str, str, Any, dict[str, str]]],
                       api_key: str = "") -> list[tuple[int, Any, dict[str, str]]]:
     cfg = RouterConfig(model=str(llama_dir))
-    front = HTTPFront(RouterCore(cfg, Registry(cfg)), "127.0.0.1", 0, api_key)
+    front = HTTPFront(Router(cfg, Registry(cfg)), "127.0.0.1", 0, api_key)
     port = await front.start()
     out = []
     try:

@@ -35,10 +35,10 @@ def test_inside_the_mesh_a_peer_status_passes_on_as_it_came() -> None:
 
 
 def test_the_router_tells_its_client_unavailable(llama_dir, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from services.router.completions import Completions
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
     from services.router.registry import Registry
+    from services.router.request.completions import Completions
+    from services.router.router import Router
 
     async def broken(self):  # type: ignore[no-untyped-def]  # a downstream stream reset mid-call
         raise _peer_error(grpc.StatusCode.INTERNAL)
@@ -46,12 +46,12 @@ def test_the_router_tells_its_client_unavailable(llama_dir, monkeypatch) -> None
 
     monkeypatch.setattr(Completions, "stream", broken)
     cfg = RouterConfig(model=str(llama_dir))
-    core = RouterCore(cfg, Registry(cfg))
+    router = Router(cfg, Registry(cfg))
 
     async def run() -> None:
-        async for _ in core.generate("r", [1, 2, 3], SamplingParams(max_tokens=2), deadline=1e12):
+        async for _ in router.generate("r", [1, 2, 3], SamplingParams(max_tokens=2), deadline=1e12):
             pass
 
     with pytest.raises(UnavailableError, match=r"a worker failed during the request \(INTERNAL"):
         asyncio.run(run())
-    assert core.flows == {}
+    assert router.flows == {}

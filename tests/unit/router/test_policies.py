@@ -87,24 +87,24 @@ def test_load_ignores_a_queue_length_older_than_our_last_completion() -> None:
 
 def test_local_prefill_reasons(llama_dir) -> None:  # type: ignore[no-untyped-def]
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
     from services.router.policies.base import Decision
     from services.router.registry import Registry
+    from services.router.router import Router
 
     cfg = RouterConfig(model=str(llama_dir), local_prefill_tokens=32, prefill_busy_requests=2)
-    core = RouterCore(cfg, Registry(cfg))
+    router = Router(cfg, Registry(cfg))
     w = workers(1)[0]
     long_prompt = list(range(100))
-    assert core.local_reason(Decision(w, "miss", 0), long_prompt) == ""
+    assert router.local_reason(Decision(w, "miss", 0), long_prompt) == ""
     # Short by what the decode worker would compute: 20 tokens beyond the 80 it holds ...
-    assert core.local_reason(Decision(w, "miss", 0), long_prompt, decode_held=80) == "short_prompt"
-    assert core.local_reason(None, long_prompt[:20]) == "no_prefill"
-    assert core.local_reason(Decision(w, "miss", 0), long_prompt[:20]) == "short_prompt"
+    assert router.local_reason(Decision(w, "miss", 0), long_prompt, decode_held=80) == "short_prompt"
+    assert router.local_reason(None, long_prompt[:20]) == "no_prefill"
+    assert router.local_reason(Decision(w, "miss", 0), long_prompt[:20]) == "short_prompt"
     # ... not by what the prefill worker holds: the decode worker would compute all 100.
-    assert core.local_reason(Decision(w, "hit", 80), long_prompt) == ""
+    assert router.local_reason(Decision(w, "hit", 80), long_prompt) == ""
     w.in_flight = 2
-    assert core.local_reason(Decision(w, "miss", 0), long_prompt) == "prefill_busy"
-    assert core.local_reason(None, long_prompt) == "no_prefill"
+    assert router.local_reason(Decision(w, "miss", 0), long_prompt) == "prefill_busy"
+    assert router.local_reason(None, long_prompt) == "no_prefill"
 
 
 def test_under_conditional_disaggregation_a_prompt_follows_its_prefix(llama_dir) -> None:  # type: ignore[no-untyped-def]
@@ -112,58 +112,58 @@ def test_under_conditional_disaggregation_a_prompt_follows_its_prefix(llama_dir)
     worker would compute that prefix again on the decode worker: a burst sharing four
     512-token prefixes cached 0.69 of its tokens against 0.78 (docs/performance/log.md §14)."""
     from services.router.config import FOLLOW_LIMIT, RouterConfig
-    from services.router.core import RouterCore
     from services.router.policies.base import Decision
     from services.router.registry import Registry
+    from services.router.router import Router
 
     cfg = RouterConfig(model=str(llama_dir), prefill_busy_requests=4, prefill_busy_tokens=1000)
-    core = RouterCore(cfg, Registry(cfg))
+    router = Router(cfg, Registry(cfg))
     w = workers(1)[0]
     prompt = list(range(600))
     # Cold prompts: the work queued there decides, in requests or in tokens.
-    assert core.local_reason(Decision(w, "miss", 0), prompt) == ""
+    assert router.local_reason(Decision(w, "miss", 0), prompt) == ""
     w.pending_tokens = 1000
-    assert core.local_reason(Decision(w, "miss", 0), prompt) == "prefill_busy"
+    assert router.local_reason(Decision(w, "miss", 0), prompt) == "prefill_busy"
     # The decode worker was sent more of the prompt: prefill there, whatever the load.
     w.pending_tokens = 0
-    assert core.local_reason(Decision(w, "miss", 0), prompt, decode_held=512) == "decode_holds"
-    assert core.local_reason(Decision(w, "hit", 256), prompt, decode_held=512) == "decode_holds"
+    assert router.local_reason(Decision(w, "miss", 0), prompt, decode_held=512) == "decode_holds"
+    assert router.local_reason(Decision(w, "hit", 256), prompt, decode_held=512) == "decode_holds"
     # The prefill worker holds at least as much: follow it, past the busy rule ...
     w.pending_tokens, w.in_flight = 2000, 6
-    assert core.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == ""
+    assert router.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == ""
     # ... until it is FOLLOW_LIMIT times past it.
     w.pending_tokens = int(FOLLOW_LIMIT * 1000)
-    assert core.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == "prefill_busy"
+    assert router.local_reason(Decision(w, "hit", 512), prompt, decode_held=512) == "prefill_busy"
     w.pending_tokens, w.in_flight = 0, int(FOLLOW_LIMIT * 4)
-    assert core.local_reason(Decision(w, "hit", 512), prompt) == "prefill_busy"
+    assert router.local_reason(Decision(w, "hit", 512), prompt) == "prefill_busy"
     # Busy, but the decode worker's queue plus this prompt is no shorter: the prompt stays
     # (a burst otherwise sent everything past the rule to the decode worker).
     d = WorkerHandle("127.0.0.1:9100", "decode", healthy=True)
     w.pending_tokens, w.in_flight, d.pending_tokens = 1000, 0, 1000
-    assert core.local_reason(Decision(w, "miss", 0), prompt, decode=d) == ""
+    assert router.local_reason(Decision(w, "miss", 0), prompt, decode=d) == ""
     d.pending_tokens = 999
-    assert core.local_reason(Decision(w, "miss", 0), prompt, decode=d) == "prefill_busy"
+    assert router.local_reason(Decision(w, "miss", 0), prompt, decode=d) == "prefill_busy"
     # Without conditional disaggregation nothing of this applies.
-    plain = RouterCore(RouterConfig(model=str(llama_dir)), Registry(cfg))
+    plain = Router(RouterConfig(model=str(llama_dir)), Registry(cfg))
     assert plain.local_reason(Decision(w, "miss", 0), prompt, decode_held=512) == ""
 
 
 def test_a_prompt_is_remembered_on_the_prefill_worker_only_if_it_goes_there(llama_dir) -> None:  # type: ignore[no-untyped-def]
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
     from services.router.policies.base import Decision
     from services.router.registry import Registry
+    from services.router.router import Router
 
     cfg = RouterConfig(model=str(llama_dir), prefill_busy_requests=2)
-    core = RouterCore(cfg, Registry(cfg))
+    router = Router(cfg, Registry(cfg))
     w = workers(1)[0]
-    local, remote = core.prompt_hashes(list(range(64)), SamplingParams()), core.prompt_hashes(
+    local, remote = router.prompt_hashes(list(range(64)), SamplingParams()), router.prompt_hashes(
         list(range(100, 164)), SamplingParams())
-    core.settle_route(Decision(w, "miss", 0), "prefill_busy", local)
-    core.settle_route(Decision(w, "miss", 0), "", remote)
-    recent = core.prefill_router.recent
+    router.settle_route(Decision(w, "miss", 0), "prefill_busy", local)
+    router.settle_route(Decision(w, "miss", 0), "", remote)
+    recent = router.prefill_router.recent
     assert recent.depths(local) == {} and recent.depths(remote) == {w.worker_id: len(remote)}
-    assert core.local_prefills == 1 and core.decisions["local/prefill_busy"] == 1
+    assert router.stats.local_prefills == 1 and router.stats.decisions["local/prefill_busy"] == 1
 
 
 def test_holder_keeps_a_conversation_on_its_decode_worker_within_the_slack() -> None:
@@ -181,27 +181,27 @@ def test_holder_keeps_a_conversation_on_its_decode_worker_within_the_slack() -> 
 
 def test_the_router_remembers_where_a_conversation_decoded(llama_dir) -> None:  # type: ignore[no-untyped-def]
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
     from services.router.registry import Registry
+    from services.router.router import Router
 
     cfg = RouterConfig(model=str(llama_dir))
-    core = RouterCore(cfg, Registry(cfg))
+    router = Router(cfg, Registry(cfg))
     ds = workers(2, loads=[0, 0])
     for w in ds:
         w.role = "decode"
-    core.workers.workers = ds
+    router.workers.workers = ds
     turn1 = list(range(10, 10 + 4 * cfg.block_size))
-    first, held = core.route_decode(core.prompt_hashes(turn1, SamplingParams()))
+    first, held = router.route_decode(router.prompt_hashes(turn1, SamplingParams()))
     assert held == 0  # nothing of it was sent anywhere before
     other = next(w for w in ds if w is not first)
     first.in_flight = 1  # busier than the other by one: within the slack
     turn2 = turn1 + list(range(500, 500 + 2 * cfg.block_size))
-    again, held = core.route_decode(core.prompt_hashes(turn2, SamplingParams()))
+    again, held = router.route_decode(router.prompt_hashes(turn2, SamplingParams()))
     assert again is first and held == len(turn1)  # turn 1 went there: 4 full blocks
-    assert core.decisions["decode/holder"] == 1
+    assert router.stats.decisions["decode/holder"] == 1
     stranger = list(range(700, 700 + 4 * cfg.block_size))
-    assert core.route_decode(core.prompt_hashes(stranger, SamplingParams()))[0] is other  # least loaded
-    assert core.route_decode(core.prompt_hashes(turn2, SamplingParams()), exclude={first.worker_id})[0] is other
+    assert router.route_decode(router.prompt_hashes(stranger, SamplingParams()))[0] is other  # least loaded
+    assert router.route_decode(router.prompt_hashes(turn2, SamplingParams()), exclude={first.worker_id})[0] is other
 
 
 def test_pack_fills_one_decode_workers_batch_before_the_next() -> None:
@@ -245,45 +245,45 @@ def test_a_prompt_no_prefill_pool_holds_goes_where_it_fits(llama_dir) -> None:  
 
     from pdmesh.errors import InvalidRequestError
     from services.router.config import RouterConfig
-    from services.router.core import RouterCore
     from services.router.registry import Registry
+    from services.router.router import Router
 
     cfg = RouterConfig(model=str(llama_dir))
-    core = RouterCore(cfg, Registry(cfg))
+    router = Router(cfg, Registry(cfg))
     small, large = workers(2)
     small.info = replace(small.info, num_blocks=8, block_size=16)  # 128 tokens
     large.info = replace(large.info, num_blocks=16, block_size=16)  # 256
-    core.workers.workers = [small, large]
+    router.workers.workers = [small, large]
     fits_one = list(range(10, 10 + 200))
     assert small.holds(128) and not small.holds(129) and large.holds(201)
 
-    choice, _ = asyncio.run(core.route_prefill(fits_one, core.prompt_hashes(fits_one, SamplingParams()), set()))
+    choice, _ = asyncio.run(router.route_prefill(fits_one, router.prompt_hashes(fits_one, SamplingParams()), set()))
     assert choice is not None and choice.worker is large  # the only candidate that holds it
-    assert core.local_reason(choice, fits_one) == ""
+    assert router.local_reason(choice, fits_one) == ""
 
     fits_none = list(range(10, 10 + 300))
-    hashes = core.prompt_hashes(fits_none, SamplingParams())
-    choice, _ = asyncio.run(core.route_prefill(fits_none, hashes, set()))
+    hashes = router.prompt_hashes(fits_none, SamplingParams())
+    choice, _ = asyncio.run(router.route_prefill(fits_none, hashes, set()))
     assert choice is None
-    assert core.local_reason(None, fits_none) == "too_long_for_prefill"
-    assert core.local_reason(None, fits_one) == "no_prefill"  # excluded after failures: not too long
-    strict = RouterCore(replace(cfg, disaggregation="strict"), core.workers)
+    assert router.local_reason(None, fits_none) == "too_long_for_prefill"
+    assert router.local_reason(None, fits_one) == "no_prefill"  # excluded after failures: not too long
+    strict = Router(replace(cfg, disaggregation="strict"), router.workers)
     with pytest.raises(InvalidRequestError, match=r"300 tokens do not fit any prefill worker \(.* has 255\)"):
         strict.local_reason(None, fits_none)
 
     # A context set shorter than the model's (--max-model-len) rules a worker out the same way.
     large.info = replace(large.info, max_model_len=150)
     assert large.capacity == 150 and not large.holds(151)
-    assert asyncio.run(core.route_prefill(fits_one, core.prompt_hashes(fits_one, SamplingParams()), set()))[0] is None
-    assert core.local_reason(None, fits_one) == "too_long_for_prefill"
+    assert asyncio.run(router.route_prefill(fits_one, router.prompt_hashes(fits_one, SamplingParams()), set()))[0] is None
+    assert router.local_reason(None, fits_one) == "too_long_for_prefill"
     large.info = replace(large.info, max_model_len=0)  # an older worker: its pool alone says
 
     d_small, d_large = workers(2)
     for w, blocks in ((d_small, 16), (d_large, 64)):
         w.role, w.info = "decode", replace(w.info, worker_id=f"d{blocks}", num_blocks=blocks, block_size=16)
     d_large.in_flight = 5  # the busier one, chosen only because it alone holds the request
-    core.workers.workers = [small, large, d_small, d_large]
-    assert core.route_decode(hashes, tokens=300 + 16)[0] is d_large
-    assert core.route_decode(hashes, tokens=100)[0] is d_small
+    router.workers.workers = [small, large, d_small, d_large]
+    assert router.route_decode(hashes, tokens=300 + 16)[0] is d_large
+    assert router.route_decode(hashes, tokens=100)[0] is d_small
     # None holds it: any is chosen, and its own admission answers INVALID_ARGUMENT.
-    assert core.route_decode(hashes, tokens=64 * 16 + 1)[0] in (d_small, d_large)
+    assert router.route_decode(hashes, tokens=64 * 16 + 1)[0] in (d_small, d_large)

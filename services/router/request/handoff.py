@@ -1,5 +1,5 @@
 """A request's hand-off from prefill to decode: the prefill worker computes the prompt into
-blocks the decode worker reserved (lifecycle steps 2-3 of ``services/router/flow.py``).
+blocks the decode worker reserved (lifecycle steps 2-3 of ``services/router/request/flow.py``).
 
 The prefill starts first (``PrefillStream``'s first message), the decode worker reserves
 while the prompt computes, and the reservation follows as the stream's second message:
@@ -28,18 +28,18 @@ import grpc
 from pdmesh.errors import UnavailableError
 from pdmesh.rpc import messages
 from pdmesh.rpc.clients import decode_stub, prefill_stub
-from services.router import failover, reservation
-from services.router.prefill_call import PrefillCall
+from services.router.request import reservation
+from services.router.request.prefill_call import PrefillCall
 
 if TYPE_CHECKING:
-    from services.router.flow import RequestFlow
     from services.router.registry import WorkerHandle
+    from services.router.request.state import RequestState
 
 log = logging.getLogger(__name__)
 
 
 class CallGroup:
-    """Calls in flight side by side, cancelled as one (what ``RequestFlow.abort`` reaches)."""
+    """Calls in flight side by side, cancelled as one (what ``RequestState.abort`` reaches)."""
 
     def __init__(self, calls: Sequence[Any]) -> None:
         self.calls = tuple(calls)
@@ -48,10 +48,10 @@ class CallGroup:
         return any([call.cancel() for call in self.calls])
 
 
-def stop_wait_s(flow: RequestFlow) -> float:
+def stop_wait_s(flow: RequestState) -> float:
     """How long a prefill worker may take to stop: half a lease, which the reservation has
     left at least (renewed every third), so it never lapses while a write may land."""
-    return flow.core.cfg.lease_ms / 2000
+    return flow.router.cfg.lease_ms / 2000
 
 
 DECODE_WATCH_S = 0.25
@@ -75,18 +75,14 @@ def _retrieved(read: asyncio.Future[Any]) -> None:
         read.exception()
 
 
-LATE_WHY = ("cut_off", "not_stopped")
-"""Why a reservation went back late (``RouterCore.late_give_backs``)."""
-
-
-async def give_back_when_stopped(flow: RequestFlow, call: PrefillCall, d_stub: Any, rid: str,
+async def give_back_when_stopped(flow: RequestState, call: PrefillCall, decode_rpc: Any, rid: str,
                                  prefill_response: Any = None) -> None:
     """Give the reservation back once ``call`` can write into it no more; a worker that did
     not stop in time (``stop_wait_s``) leaves it to its lease (shielded: the caller may have
     been cancelled). A call cut off (``PrefillCall.cut_off``) gets the time a worker has to
     stop before its reservation goes, without holding up the caller (a retry on another
-    worker). Either is counted (``RouterCore.late_give_backs``): blocks held for nothing."""
-    wait_s, late = stop_wait_s(flow), flow.core.late_give_backs
+    worker). Either is counted (``RouterStats.late_give_backs``): blocks held for nothing."""
+    wait_s, late = stop_wait_s(flow), flow.router.stats.late_give_backs
 
     async def run() -> None:
         if not await call.stopped(wait_s):
@@ -97,14 +93,14 @@ async def give_back_when_stopped(flow: RequestFlow, call: PrefillCall, d_stub: A
             late["cut_off"] += 1
             log.info("the prefill call of %s was cut off after its destination: its reservation goes back in %.1fs",
                      rid, wait_s)
-            reservation.give_back_later(d_stub, rid, wait_s)
+            reservation.give_back_later(decode_rpc, rid, wait_s)
         else:
-            await reservation.give_back(d_stub, rid, prefill_response)
+            await reservation.give_back(decode_rpc, rid, prefill_response)
 
     await asyncio.shield(run())
 
 
-async def reserve_and_prefill(flow: RequestFlow) -> Handoff | None:
+async def reserve_and_prefill(flow: RequestState) -> Handoff | None:
     """The hand-off once the first token came, or None to try again."""
     choice = flow.prefill
     if choice is None:
@@ -119,9 +115,9 @@ class Handoff:
     """A prefill whose first token came while its KV may still be on its way to the
     reservation (``PrefillStream`` answers the token first): ``landed`` waits for the rest."""
 
-    flow: RequestFlow
+    flow: RequestState
     prefill: WorkerHandle
-    d_stub: Any
+    decode_rpc: Any
     rid: str
     call: PrefillCall
     handle: Any
@@ -194,14 +190,14 @@ class Handoff:
 
     def _decode_lost(self, exc: DecodeLostError) -> None:
         """The decode worker was marked down while its KV was written: the request goes on
-        elsewhere at once (``failover.replace_decode``: from the first token on, the next
+        elsewhere at once (``RequestState.leave_decode``: from the first token on, the next
         worker prefills it by itself), and the reservation goes back in the background once
         the prefill worker stopped (or is left to its lease on the worker that stopped)."""
         self.renewing.cancel()
         if not self.returned:
             self.returned = True
-            reservation.in_background(give_back_when_stopped(self.flow, self.call, self.d_stub, self.rid))
-        failover.replace_decode(self.flow, exc.status(), "kv transfer")
+            reservation.in_background(give_back_when_stopped(self.flow, self.call, self.decode_rpc, self.rid))
+        self.flow.leave_decode(exc.status(), "kv transfer")
         return None
 
     async def _failed(self, exc: grpc.aio.AioRpcError) -> None:
@@ -214,13 +210,13 @@ class Handoff:
         if flow.aborted:
             raise asyncio.CancelledError
         if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
-            failover.replace_decode(flow, exc, "kv transfer")
+            flow.leave_decode(exc, "kv transfer")
             return None
         if not flow.worker_failed(exc):
             raise exc
-        flow.core.workers.call_failed(prefill, exc)
+        flow.router.workers.call_failed(prefill, exc)
         flow.tried.add(prefill.worker_id)
-        flow.core.prefill_retries += 1
+        flow.router.stats.prefill_retries += 1
         log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, self.rid, exc.code().name,
                     exc.details())
         return None
@@ -237,7 +233,7 @@ class Handoff:
         self.renewing.cancel()
         if not self.returned:
             self.returned = True
-            await give_back_when_stopped(self.flow, self.call, self.d_stub, self.rid, self.response)
+            await give_back_when_stopped(self.flow, self.call, self.decode_rpc, self.rid, self.response)
 
     def close(self) -> None:
         """Stop renewing and end the call: for after ``landed`` or ``give_back`` (whose stop,
@@ -246,14 +242,14 @@ class Handoff:
         self.call.close()
 
 
-async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub: Any) -> Handoff | None:
+async def _reserve_and_prefill(flow: RequestState, prefill: WorkerHandle, decode_rpc: Any) -> Handoff | None:
     rid = flow.call_id
     # The request's deadline is kept here (``Handoff._answer``), the call's gRPC deadline only
     # after the time a worker has to stop: that deadline would end the call at the
     # router at once, while the worker may still be writing into the reservation.
     call = PrefillCall(prefill_stub(prefill.address).PrefillStream(
         metadata=flow.metadata, timeout=flow.left() + stop_wait_s(flow)), rid)
-    reserve = d_stub.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
+    reserve = decode_rpc.Reserve(flow.reserve_msg(), metadata=flow.metadata, timeout=flow.left())
     flow.start_call(CallGroup((call, reserve)))
     await call.request(messages.prefill_request(rid, flow.prompt, flow.params, None, flow.outside))
     try:
@@ -265,15 +261,15 @@ async def _reserve_and_prefill(flow: RequestFlow, prefill: WorkerHandle, d_stub:
             if not flow.worker_failed(exc):
                 raise
             # The call may have broken after the worker reserved: give it back now, not
-            # at its lease's end (the next attempt has its own id: ``RequestFlow.call_id``).
-            await reservation.give_back(d_stub, rid)
-        failover.replace_decode(flow, exc, "reserve")  # failed, or full: the next decode worker
+            # at its lease's end (the next attempt has its own id: ``RequestState.call_id``).
+            await reservation.give_back(decode_rpc, rid)
+        flow.leave_decode(exc, "reserve")  # failed, or full: the next decode worker
         return None
     except BaseException:  # aborted: a reservation made meanwhile goes back now, not at its lease's end
-        await give_back_when_stopped(flow, call, d_stub, rid)
+        await give_back_when_stopped(flow, call, decode_rpc, rid)
         raise
-    renewing = asyncio.create_task(reservation.keep_alive(d_stub, rid, flow.core.cfg.lease_ms))
-    handoff = Handoff(flow, prefill, d_stub, rid, call, handle, renewing)
+    renewing = asyncio.create_task(reservation.keep_alive(decode_rpc, rid, flow.router.cfg.lease_ms))
+    handoff = Handoff(flow, prefill, decode_rpc, rid, call, handle, renewing)
     handoff.first = await handoff._answer()
     if handoff.first is None:
         return None

@@ -1,14 +1,14 @@
 """The router's shared state: workers, the prefix index, policies, counters, live flows.
 
 Admission (tokenize once, validate, hash) and the two routing decisions live here; what
-happens to one request afterwards is its ``RequestFlow`` (``flow.py``).
+happens to one request afterwards is its ``RequestFlow`` (``request/flow.py``), which sees
+the router through ``request/mesh.py``'s ``RouterMesh``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,14 +29,15 @@ from pdmesh.telemetry import tracing
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from pdmesh.tokenizer import Tokenizer
 from services.router.admission import AdmissionGate
-from services.router.completions import Completions
 from services.router.config import FOLLOW_LIMIT, RouterConfig
-from services.router.flow import RequestFlow
 from services.router.metrics import router_snapshot
 from services.router.policies import Decision, RouteContext, build_policy
 from services.router.prefill_routing import IndexSeen, PrefillRouter
 from services.router.recent import RecentRoutes
 from services.router.registry import Registry, WorkerHandle
+from services.router.request.completions import Completions
+from services.router.request.flow import RequestFlow
+from services.router.request.stats import RouterStats
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_ID_CHARS = 256
@@ -47,7 +48,7 @@ def _prefill_holds(w: WorkerHandle, prompt_tokens: int) -> bool:
     return w.holds(prompt_tokens + 1)
 
 
-class RouterCore:
+class Router:
     def __init__(self, cfg: RouterConfig, workers: Registry, index: Any = None) -> None:
         self.cfg = cfg
         self.workers = workers
@@ -73,15 +74,8 @@ class RouterCore:
         self.decode_policy = build_policy(cfg.decode_policy, cfg)
         self.decode_recent = RecentRoutes(ttl_s=cfg.decode_memory_s)
         """Which decode worker each prompt block was last sent to (``holder`` policy)."""
-        self.decisions: Counter[str] = Counter()
-        self.local_prefills = 0
-        self.prefill_retries = 0
-        self.migrations = 0
-        """Requests moved to another decode worker mid-stream."""
-        self.late_give_backs: Counter[str] = Counter()
-        """Reservations not given back as soon as their request gave them up, by why
-        (``handoff.give_back_when_stopped``): the prefill call was cut off (back after half
-        a lease), or its worker did not stop in time (left to the lease)."""
+        self.stats = RouterStats()
+        """What requests did (decisions, local prefills, retries, migrations, late give-backs)."""
         self.flows: dict[str, Completions] = {}
         """request id -> its live completions (what ``Abort`` reaches)."""
         self.admission = AdmissionGate(cfg.max_in_flight, cfg.max_queued)
@@ -228,7 +222,7 @@ class RouterCore:
         held = self.decode_recent.depths(hashes)
         choice = self.decode_policy.choose(
             candidates, RouteContext(hashes, hashes[0] if hashes else b"", held, self.cfg.block_size))
-        self.decisions[f"decode/{choice.reason}"] += 1
+        self.stats.decisions[f"decode/{choice.reason}"] += 1
         if hashes:
             self.decode_recent.remember(hashes, choice.worker.worker_id)
         return choice.worker, held.get(choice.worker.worker_id, 0) * self.cfg.block_size
@@ -239,10 +233,10 @@ class RouterCore:
         while it prefilled on its decode worker, the next prompt of its prefix would be
         sent to compute that prefix again."""
         if local_reason:
-            self.local_prefills += 1
-            self.decisions[f"local/{local_reason}"] += 1
+            self.stats.local_prefills += 1
+            self.stats.decisions[f"local/{local_reason}"] += 1
         elif choice is not None:
-            self.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
+            self.stats.decisions[f"{self.prefill_router.policy.name}/{choice.reason}"] += 1
             self.prefill_router.recent.remember(hashes, choice.worker.worker_id)
 
     def local_reason(self, choice: Decision | None, ids: list[int], decode_held: int = 0,

@@ -12,7 +12,6 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -35,31 +34,8 @@ from pdmesh.rpc.process import advertised
 from pdmesh.rpc.single_flight import SingleFlight
 from pdmesh.telemetry.metrics import RequestMetrics, SnapshotCollector
 from services.worker.config import WorkerConfig
+from services.worker.counters import Counters
 from services.worker.metrics import worker_snapshot
-
-
-@dataclass
-class Counters:
-    """Totals since start, reported by ``Info`` and ``/metrics``."""
-
-    kv_bytes_sent: int = 0
-    kvstore_fetched_tokens: int = 0
-    kvstore_offloaded_blocks: int = 0
-    overlapped_blocks: int = 0
-    expired_leases: int = 0
-    computed_prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    feed_misses: int = 0
-    """Decode calls that named a token feed not open here (their tokens went on the call)."""
-    kvstore_lookups: int = 0
-    kvstore_lookups_skipped: int = 0
-    """Prompts whose kvstore lookup was skipped: the router's index lookup listed no more
-    of them in the kvstore than this worker held (``KVStoreTier.fetch``)."""
-    kv_writes_inline: int = 0
-    """Decode side: prompts whose KV writes all landed within their writer's call."""
-    kv_writes_polled: int = 0
-    """Decode side: the other prompts told with ``Decode`` or ``Release`` (a write not
-    inline; on ``Decode`` also none written, or a writer that does not say)."""
 
 
 def _transport(name: str, region: KVRegion) -> KVTransport:
@@ -87,7 +63,7 @@ def _device_text(device: str) -> str:
 
 
 WARM_READS = 4
-"""Most one-block reads a new peer's connection is warmed with (``WorkerCore._warm``)."""
+"""Most one-block reads a new peer's connection is warmed with (``Worker._warm``)."""
 
 
 def _warmed(engine: LLMEngine, tokens: int) -> LLMEngine:
@@ -110,13 +86,13 @@ def _core_share(cfg: WorkerConfig) -> CoreShare:
     return share
 
 
-class WorkerCore:
+class Worker:
     """A worker's engine, NIXL transport and counters. Built in two steps: the identity
     first (the server is bound and answers health while the model loads), then ``load``,
     before which the readiness gate lets no call reach a servicer."""
 
     engine: LLMEngine
-    aeng: AsyncLLMEngine
+    async_engine: AsyncLLMEngine
     transport: KVTransport
     transfers: TransferRunner
     dtype_name: str
@@ -148,19 +124,19 @@ class WorkerCore:
         # Not on the event loop's thread: the engine thread must be the process's only
         # OpenMP pool (compute_thread.py).
         self.engine = build_on_passing_thread(lambda: _warmed(LLMEngine(cfg.engine_config()), cfg.warmup_tokens))
-        self.aeng = AsyncLLMEngine(self.engine)
+        self.async_engine = AsyncLLMEngine(self.engine)
         if cfg.core_share:
-            self.aeng.core_share = _core_share(cfg)
+            self.async_engine.core_share = _core_share(cfg)
         region = KVRegion.of_tensor(self.engine.runner.kv_cache)
         self.transport = _transport(self.worker_id, region)
         self.transfers = TransferRunner(self.transport, _copy_priority(cfg, region))
         self.dtype_name = str(self.engine.dtype).split(".")[-1]
         layout = KVLayout.for_model(self.engine.model_config, cfg.block_size, self.dtype_name)
         self.compat = layout.compat_hash(cfg.model, cfg.hash_algorithm, cfg.hash_seed)
-        self.metrics.register(SnapshotCollector(lambda: self.aeng.call(lambda: worker_snapshot(self))))
+        self.metrics.register(SnapshotCollector(lambda: self.async_engine.call(lambda: worker_snapshot(self))))
 
     def info(self) -> WorkerInfo:
-        """Call under the engine lock (``aeng.call``)."""
+        """Call under the engine lock (``async_engine.call``)."""
         eng, c, t = self.engine, self.counters, self.transport
         stats = eng.pool.stats()
         return WorkerInfo(
@@ -250,7 +226,7 @@ class WorkerCore:
         read lands within its call, so it reads again until one does, ``WARM_READS`` at
         most (over TCP none does)."""
         eng = self.engine
-        blocks = self.aeng.call(lambda: eng.handoff.import_start(1))
+        blocks = self.async_engine.call(lambda: eng.handoff.import_start(1))
         if not blocks:
             return  # no spare block: the first write connects instead
         started = time.perf_counter()
@@ -267,7 +243,7 @@ class WorkerCore:
                 "NIXL connection to %s warmed by one-block reads in %.1f ms (%d, the last %s)",
                 peer, 1e3 * (time.perf_counter() - started), reads, "inline" if moved.inline else "polled")
         finally:
-            self.aeng.call(lambda: eng.handoff.import_finish(blocks, [], [], None, ok=False))
+            self.async_engine.call(lambda: eng.handoff.import_finish(blocks, [], [], None, ok=False))
 
     async def write_kv(self, peer: str, src: list[int], dst: list[int], timeout: float) -> Moved:
         """Write local blocks into a decode worker's (bytes counted once they landed, also

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from services.router.flow import RequestFlow
-from services.router.streams import merge
+from services.router.request.flow import RequestFlow
+from services.router.request.streams import merge
 
 
 @dataclass(eq=False)

@@ -18,25 +18,26 @@ from pdmesh.telemetry import tracing
 from pdmesh.telemetry.logging_setup import bind_request
 
 if TYPE_CHECKING:
-    from services.router.flow import RequestFlow
+    from services.router.request.state import RequestState
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("pdmesh.access")
 """One line per finished request when the router runs with ``access_log``."""
 
 
-async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
-    """Telemetry and abort handling around ``run``; yields ``GenerateResponse``s."""
-    core, rid = flow.core, flow.request_id
-    timer = core.request_metrics.stream()
+async def caller_stream(flow: RequestState, run: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """Telemetry and abort handling around ``run`` (``RequestFlow.run``: the request's
+    ``GenerateResponse``s), which it yields."""
+    router, rid = flow.router, flow.request_id
+    timer = router.request_metrics.stream()
     span = tracing.start_span("router.generate", flow.trace, request_id=rid,
-                              model=core.listed_names[0], prompt_tokens=len(flow.prompt))
+                              model=router.listed_names[0], prompt_tokens=len(flow.prompt))
     flow.trace = tracing.child_context(span)
     flow.metadata = tracing.outgoing(flow.trace)
     bind_request(rid, span)
     finish, produced, cached = "cancelled", 0, 0
     try:
-        async for resp in flow.run():
+        async for resp in run:
             produced += len(resp.token_ids)
             timer.tokens(len(resp.token_ids))
             if resp.finish_reason:
@@ -69,7 +70,7 @@ async def caller_stream(flow: RequestFlow) -> AsyncIterator[Any]:
     finally:
         span.set_attribute("pdmesh.finish_reason", finish)
         span.end()
-        if core.cfg.access_log:
+        if router.cfg.access_log:
             end = time.monotonic()
             ttft = f"{timer.first - timer.start:.3f}s" if timer.first is not None else "-"
             access.info("%s %s: prompt %d tokens (%d cached), completion %d, ttft %s, total %.3fs, prefill %s, "

@@ -2,7 +2,7 @@
 
 Lifecycle (the methods below, in this order):
   1. route    — decode worker by load; prefill worker by policy over the Redis index
-                (consistent hashing when Redis is down); ``RouterCore.local_reason`` says
+                (consistent hashing when Redis is down); ``Router.local_reason`` says
                 when the decode worker prefills instead (``GenerateLocal``);
   2. reserve  — the decode worker reserves blocks for what it does not cache (a KvHandle);
   3. prefill  — the prefill worker computes the prompt and answers the first token, streamed
@@ -20,26 +20,20 @@ Lifecycle (the methods below, in this order):
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from pdmesh.errors import UnavailableError
-from pdmesh.kv.block_hash import BlockHash
 from pdmesh.rpc import messages
 from pdmesh.rpc.status import WORKER_FAILED
-from pdmesh.sampling_params import SamplingParams
 from pdmesh.telemetry import tracing
-from services.router import failover, first_token, handoff, stalls
-from services.router.caller_stream import caller_stream
-from services.router.policies import Decision
+from services.router import stalls
 from services.router.registry import WorkerHandle
-
-if TYPE_CHECKING:
-    from services.router.core import RouterCore
+from services.router.request import first_token, handoff
+from services.router.request.caller_stream import caller_stream
+from services.router.request.state import RequestState
 
 PREFILL_ATTEMPTS = 3
 """Routing attempts before the stream starts: a prefill worker that is unreachable or
@@ -51,88 +45,18 @@ died, drained, lost its KV, or no longer holds the reservation: its lease ran ou
 the worker was stopped); the caller's own cancel never reaches here as one of them."""
 
 
-@dataclass(eq=False)
-class RequestFlow:
-    core: RouterCore
-    request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    """Parsed and validated once, here; workers receive them re-encoded."""
-    deadline: float
-    """Event-loop time by which the whole request must be done."""
-    trace: Any = None
-    """The caller's trace context."""
-    decode: WorkerHandle | None = None
-    prefill: Decision | None = None
-    tried: set[str] = field(default_factory=set)
-    """Prefill workers that failed this request."""
-    call: Any = None
-    """The downstream gRPC call in progress (what ``abort`` cancels)."""
-    aborted: bool = False
-    metadata: Any = None
-    streamed_tokens: list[int] = field(default_factory=list)
-    """Tokens relayed to the caller so far (what a migration resumes from)."""
-    streamed_chars: int = 0
-    finished: bool = False
-    """A message with a finish reason was relayed: the request is complete."""
-    failed_decode: set[str] = field(default_factory=set)
-    """Decode workers that failed this request (tried again only when no other is left)."""
-    hashes: list[BlockHash] = field(default_factory=list)
-    """The prompt's block hashes, computed once in ``run`` for both routing decisions."""
-    decode_held: int = 0
-    """Prompt tokens the router had sent its decode worker before this request."""
-    decode_answered: bool = False
-    """A decode worker's stream has sent a message (its reservation is claimed)."""
-    prompt_logprobs: list[Any] = field(default_factory=list)
-    """The prefill worker's prompt logprobs, for the caller's first message."""
-    prompt_logprobs_sent: bool = False
-    attempt: int = 0
-    """Which attempt at the workers this is: 0 first; a retry before the stream or a
-    migration starts the next."""
-    outside: dict[str, int] | None = None
-    """What the index lookup of the current attempt listed outside the candidates (the
-    kvstore tier): sent to the prefill worker (``IndexSeen.outside``)."""
-
-    @property
-    def call_id(self) -> str:
-        """The request's id at the workers for the current attempt. A worker frees a call
-        the router cancelled when it notices the cancel, which a retry sent to the same
-        worker can beat: under one id the retry was refused as "already in flight"
-        (INVALID_ARGUMENT for the mesh's own retry). The caller only ever sees
-        ``request_id``."""
-        return self.request_id if not self.attempt else f"{self.request_id}~{self.attempt}"
-
-    @property
-    def kv_tokens(self) -> int:
-        """The tokens its decode worker's pool must hold: the prompt and every token asked for."""
-        return len(self.prompt) + self.params.max_tokens
-
-    def decode_worker(self) -> WorkerHandle:
-        if self.decode is None:
-            raise RuntimeError(f"{self.request_id}: a stage ran before run() chose the decode worker")
-        return self.decode
-
-    def left(self) -> float:
-        return max(0.0, self.deadline - asyncio.get_running_loop().time())
+class RequestFlow(RequestState):
+    """A request's way through the mesh: the lifecycle above over its ``RequestState``."""
 
     # -- the stream the caller sees ---------------------------------------------------
     def stream(self) -> AsyncIterator[Any]:
         """``run`` as the caller sees it, with telemetry and the abort contract (caller_stream.py)."""
-        return caller_stream(self)
-
-    def abort(self) -> bool:
-        """Cancel the current downstream call; False when already aborting."""
-        if self.aborted:
-            return False
-        self.aborted = True
-        if self.call is not None:
-            self.call.cancel()
-        return True
+        return caller_stream(self, self.run())
 
     # -- the lifecycle ----------------------------------------------------------------
     async def run(self) -> AsyncIterator[Any]:
-        self.hashes = self.core.prompt_hashes(self.prompt, self.params)
-        self.decode, self.decode_held = self.core.route_decode(self.hashes, tokens=self.kv_tokens)
+        self.hashes = self.router.prompt_hashes(self.prompt, self.params)
+        self.decode, self.decode_held = self.router.route_decode(self.hashes, tokens=self.kv_tokens)
         self.decode.acquire()
         try:
             for attempt in range(PREFILL_ATTEMPTS):
@@ -155,14 +79,14 @@ class RequestFlow:
 
     async def route(self) -> str:
         """Choose the prefill worker; returns the reason to prefill locally ("" = don't)."""
-        core, decode = self.core, self.decode_worker()
+        router, decode = self.router, self.decode_worker()
         span = tracing.start_span("router.route", self.trace, decode=decode.worker_id,
-                                  candidates=len(core.workers.healthy("prefill")))
-        choice, seen = await core.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
+                                  candidates=len(router.workers.healthy("prefill")))
+        choice, seen = await router.route_prefill(self.prompt, self.hashes, self.tried, tracing.child_context(span))
         self.outside = seen.outside
-        reason = core.local_reason(choice, self.prompt, self.decode_held, decode)
+        reason = router.local_reason(choice, self.prompt, self.decode_held, decode)
         span.set_attributes({
-            "pdmesh.policy": core.prefill_router.policy.name,
+            "pdmesh.policy": router.prefill_router.policy.name,
             "pdmesh.prefill": choice.worker.worker_id if choice else "",
             "pdmesh.reason": choice.reason if choice else "",
             "pdmesh.cached_prefix_tokens": choice.cached_tokens if choice else 0,
@@ -170,7 +94,7 @@ class RequestFlow:
         })
         span.end()
         self.prefill = choice
-        core.settle_route(choice, reason, self.hashes)
+        router.settle_route(choice, reason, self.hashes)
         return reason
 
     async def _local(self) -> AsyncIterator[Any]:
@@ -188,7 +112,7 @@ class RequestFlow:
 
     async def reserve_and_prefill(self) -> handoff.Handoff | None:
         """Prefill on the chosen worker into a reservation on the decode worker, until its
-        first token; None to try again (``services/router/handoff.py``)."""
+        first token; None to try again (``services/router/request/handoff.py``)."""
         return await handoff.reserve_and_prefill(self)
 
     async def decode_stream(self, h: handoff.Handoff) -> AsyncIterator[Any]:
@@ -239,17 +163,11 @@ class RequestFlow:
             except grpc.aio.AioRpcError as exc:
                 if self.finished:  # the worker died after its last message: nothing is lost
                     return
-                if exc.code() not in MIGRATE_ON or self.aborted or migrations >= self.core.cfg.max_migrations:
+                if exc.code() not in MIGRATE_ON or self.aborted or migrations >= self.router.cfg.max_migrations:
                     raise
                 migrations += 1
                 relayed = None  # the next worker resumes after every token streamed so far
                 call = self._migrate(exc)
-
-    def worker_failed(self, exc: grpc.aio.AioRpcError) -> bool:
-        """``exc`` is the worker's failure, not the request's or its caller's (the chaos
-        test saw 3 of 6,292 requests fail before a broken prefill or ``Reserve`` call was
-        tried again)."""
-        return exc.code() in WORKER_FAILED and not self.aborted
 
     def _streamed(self, resp: Any) -> None:
         """``resp`` goes to the caller: what a migration resumes from grows by it. The
@@ -266,9 +184,9 @@ class RequestFlow:
         self.finished = self.finished or bool(resp.finish_reason)
 
     def _migrate(self, exc: grpc.aio.AioRpcError) -> Any:
-        """Leave the failed decode worker (``failover.replace_decode``) and resume the request."""
-        failover.replace_decode(self, exc, "mid-stream")
-        self.core.migrations += 1
+        """Leave the failed decode worker (``leave_decode``) and resume the request."""
+        self.leave_decode(exc, "mid-stream")
+        self.router.stats.migrations += 1
         return self._continue()
 
     def _continue(self) -> Any:
@@ -280,18 +198,7 @@ class RequestFlow:
     # -- calls ------------------------------------------------------------------------
     def _decode_call(self, method: str, msg: Any) -> Any:
         """``method`` on the decode worker, its messages over the token feed when open."""
-        return self.core.feeds.start(self.decode_worker().address, method, msg, self.metadata, self.left())
-
-    def reserve_msg(self, resume: tuple[list[int], int] | None = None) -> Any:
-        return messages.reserve_request(self.call_id, self.prompt, self.params, self.core.cfg.lease_ms, resume)
-
-    def start_call(self, call: Any) -> Any:
-        """Make ``call`` the one ``abort`` cancels; refuse to start it once aborted."""
-        if self.aborted:
-            call.cancel()
-            raise asyncio.CancelledError
-        self.call = call
-        return call
+        return self.router.feeds.start(self.decode_worker().address, method, msg, self.metadata, self.left())
 
     async def _relay(self, call: Any) -> AsyncIterator[Any]:
         """``call``'s messages, raising ``stalls.stalled`` when one is late past its worker's
@@ -309,7 +216,7 @@ class RequestFlow:
         """How long the stream may wait for its next message; None while no other healthy
         decode worker this request has not failed on could take it over."""
         if not any(w is not worker and w.worker_id not in self.failed_decode
-                   for w in self.core.workers.healthy("decode")):
+                   for w in self.router.workers.healthy("decode")):
             return None
-        cfg = self.core.cfg
+        cfg = self.router.cfg
         return worker.stalls.bound(cfg.stall_floor_s, cfg.stall_ceiling_s, cfg.stall_factor)

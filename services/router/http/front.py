@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import uvicorn
 
 from pdmesh.rpc.process import listen_socket
-from services.router.core import RouterCore
 from services.router.http.app import create_app
+from services.router.router import Router
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -22,11 +22,11 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HTTPFront:
-    def __init__(self, core: RouterCore, host: str, port: int, api_key: str,
+    def __init__(self, router: Router, host: str, port: int, api_key: str,
                  tls_cert: str = "", tls_key: str = "") -> None:
         """HTTPS with the router's certificate when one is configured (HTTP clients are
         authenticated by the API key, not by client certificates)."""
-        config = uvicorn.Config(create_app(core, api_key), host=host, port=port, log_level="warning",
+        config = uvicorn.Config(create_app(router, api_key), host=host, port=port, log_level="warning",
                                 access_log=False, lifespan="off", timeout_graceful_shutdown=10,
                                 ssl_certfile=tls_cert or None, ssl_keyfile=tls_key or None)
         self.server = _EmbeddedServer(config)

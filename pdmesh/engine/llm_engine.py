@@ -35,7 +35,7 @@ from pdmesh.engine.scheduler import Scheduler, SchedulerOutput
 from pdmesh.engine.spec.speculator import Verified, build_speculator
 from pdmesh.engine.step_cost import TokenCost
 from pdmesh.engine.step_log import StepLog, ThreadUsage
-from pdmesh.engine.stopping import finish_status
+from pdmesh.engine.token_commit import TokenCommit
 from pdmesh.errors import InvalidRequestError, UnknownRequestError
 from pdmesh.kv.block_hash import BlockHasher
 from pdmesh.kv.block_pool import BlockPool, BlockPoolStats
@@ -94,8 +94,7 @@ class LLMEngine:
         self.prefill_cost = TokenCost()
         """Measured seconds per prompt token (advertised to routers)."""
         self.step_log = StepLog.from_env()
-        self.generated_tokens = 0
-        """Tokens sampled and kept since start (the workers' periodic stats line)."""
+        self.tokens = TokenCommit(self._requests, self.scheduler, self.kv, self.eos_token_ids, self.max_model_len)
 
     @classmethod
     def from_model(cls, model: str, **kwargs: Any) -> LLMEngine:
@@ -203,8 +202,13 @@ class LLMEngine:
         state = self._requests[seq.request_id]
         self.scheduler.add_running(seq)
         state.metrics.first_scheduled_time = time.monotonic()
-        self._append(seq, first_token, logprob)
+        self.tokens.append(seq, first_token, logprob)
         self._to_render[seq.request_id] = state
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens sampled and kept since start (the workers' periodic stats line)."""
+        return self.tokens.generated_tokens
 
     def stats(self) -> BlockPoolStats:
         return self.pool.stats()
@@ -257,7 +261,7 @@ class LLMEngine:
                 self._requests[seq.request_id], seq, self.tokenizer, self.config.device, self.kv, self.scheduler))
             logits = result.logits[rows.to(result.logits.device)] if rows is not None else result.logits
             for seq, verified in zip(seqs, self._sample(logits, seqs, drafts)):
-                self._commit(seq, verified)
+                self.tokens.commit(seq, verified)
                 touched[seq.request_id] = self._requests[seq.request_id]
         if self.speculator is not None:  # drop draft state of sequences that ended or aborted
             self.speculator.retain(set(self.scheduler.live_seq_ids()))
@@ -275,39 +279,3 @@ class LLMEngine:
             return self.speculator.verify(self.sampler, logits, seqs, drafts)
         sampled = self.sampler(logits, seqs)
         return [Verified([t], [lp]) for t, lp in zip(sampled.token_ids, sampled.logprobs)]
-
-    def _commit(self, seq: Sequence, verified: Verified) -> None:
-        """Append the step's tokens up to the first that ends the sequence; keep the KV of
-        accepted drafts and free the slots of rejected ones."""
-        start = seq.num_tokens - 1
-        for token, lp in zip(verified.tokens, verified.logprobs):
-            self._append(seq, token, lp)
-            if seq.status.finished:
-                break
-        if verified.num_drafts:
-            m = self._requests[seq.request_id].metrics
-            m.spec_draft_tokens += verified.num_drafts
-            m.spec_accepted_tokens += verified.num_accepted
-            m.spec_steps += 1
-            if not seq.status.finished:
-                seq.num_computed_tokens = start + 1 + verified.num_accepted
-                self.kv.trim(seq, seq.num_computed_tokens)
-
-    def _append(self, seq: Sequence, token: int, lp: Any) -> None:
-        state = self._requests[seq.request_id]
-        p = seq.params
-        seq.token_ids.append(token)
-        self.generated_tokens += 1
-        if lp is not None:
-            seq.logprobs.append(lp)
-        if state.metrics.first_token_time is None:
-            state.metrics.first_token_time = time.monotonic()
-            state.metrics.num_cached_tokens = seq.num_cached_tokens
-        stop_str = state.detoks[seq.index].add(token, seq.num_output_tokens >= p.min_tokens)
-        status = finish_status(seq, token, stop_str, self.eos_token_ids, self.max_model_len)
-        if status is not None:
-            self.scheduler.finish(seq, status, free=not state.hold_kv)
-            if state.hold_kv:
-                seq.status = SeqStatus.FINISHED_KV_HELD
-            if state.finished:
-                state.metrics.finished_time = time.monotonic()

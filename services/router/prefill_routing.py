@@ -22,7 +22,7 @@ from pdmesh.index.mirrored_index import MirroredIndex
 from pdmesh.kv.block_hash import BlockHash
 from services.router.policies import Decision, Policy, RouteContext
 from services.router.recent import RecentRoutes
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 TIER_PREFIX = "kvstore"

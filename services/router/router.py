@@ -34,10 +34,11 @@ from services.router.metrics import router_snapshot
 from services.router.policies import Decision, RouteContext, build_policy
 from services.router.prefill_routing import IndexSeen, PrefillRouter
 from services.router.recent import RecentRoutes
-from services.router.registry import Registry, WorkerHandle
+from services.router.registry import Registry
 from services.router.request.completions import Completions
 from services.router.request.flow import RequestFlow
 from services.router.request.stats import RouterStats
+from services.router.worker_handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 MAX_REQUEST_ID_CHARS = 256

@@ -90,7 +90,7 @@ def test_prefill_router_matches_holders_by_epoch_candidacy_and_recent_routes(red
     from services.router.config import RouterConfig
     from services.router.policies import build_policy
     from services.router.prefill_routing import PrefillRouter
-    from services.router.registry import WorkerHandle
+    from services.router.worker_handle import WorkerHandle
 
     def handle(wid: str, epoch: str) -> WorkerHandle:
         w = WorkerHandle(f"addr-{wid}", "prefill", healthy=True)

@@ -43,7 +43,7 @@ from pdmesh.rpc.process import run_service_loop
 from services.router.config import RouterConfig
 from services.router.policies import build_policy
 from services.router.prefill_routing import PrefillRouter
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 @dataclass(frozen=True)

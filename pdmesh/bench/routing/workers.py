@@ -16,7 +16,7 @@ from pdmesh.kv.eviction import EvictionPolicy
 from pdmesh.kv.kv_cache_manager import KVCacheManager
 from pdmesh.request import Sequence
 from pdmesh.sampling_params import SamplingParams
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 @dataclass

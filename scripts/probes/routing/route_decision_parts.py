@@ -30,7 +30,7 @@ from pdmesh.rpc.process import run_service_loop
 from services.router.config import RouterConfig
 from services.router.policies import RouteContext, build_policy
 from services.router.prefill_routing import PrefillRouter, select_members
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 def per_call_us(fn: Callable[[], object], n: int = 3000) -> float:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pdmesh.kv.block_hash import BlockHash
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 @dataclass(frozen=True, slots=True)

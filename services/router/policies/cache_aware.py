@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from services.router.policies.base import Decision, RouteContext
 from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 class Estimate(NamedTuple):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from services.router.policies.base import Decision, RouteContext
 from services.router.policies.least_loaded import LeastLoadedPolicy
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 def most_held(holders: list[WorkerHandle], held: dict[str, int], block_size: int) -> Decision:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.router.policies.base import Decision, RouteContext
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 class LeastLoadedPolicy:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from services.router.policies.base import Decision, RouteContext
 from services.router.policies.holder import most_held
 from services.router.policies.least_loaded import LeastLoadedPolicy
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 def has_room(w: WorkerHandle) -> bool:

@@ -13,7 +13,7 @@ import functools
 import xxhash
 
 from services.router.policies.base import Decision, RouteContext
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 _VNODES = 64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from services.router.policies.base import Decision, RouteContext
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 
 class RoundRobinPolicy:

@@ -12,8 +12,8 @@ from pdmesh.errors import UnavailableError
 
 if TYPE_CHECKING:
     from pdmesh.kv.block_hash import BlockHash
-    from services.router.registry import WorkerHandle
     from services.router.request.mesh import RouterMesh
+    from services.router.worker_handle import WorkerHandle
 
 
 def replacement(mesh: RouterMesh, failed: WorkerHandle, exc: grpc.aio.AioRpcError, stage: str,

@@ -30,10 +30,10 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.status import WORKER_FAILED
 from pdmesh.telemetry import tracing
 from services.router import stalls
-from services.router.registry import WorkerHandle
 from services.router.request import first_token, handoff
 from services.router.request.caller_stream import caller_stream
 from services.router.request.state import RequestState
+from services.router.worker_handle import WorkerHandle
 
 PREFILL_ATTEMPTS = 3
 """Routing attempts before the stream starts: a prefill worker that is unreachable or

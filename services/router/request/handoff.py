@@ -32,8 +32,8 @@ from services.router.request import reservation
 from services.router.request.prefill_call import PrefillCall
 
 if TYPE_CHECKING:
-    from services.router.registry import WorkerHandle
     from services.router.request.state import RequestState
+    from services.router.worker_handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,6 @@ class Handoff:
             self.returned = True
             reservation.in_background(give_back_when_stopped(self.flow, self.call, self.decode_rpc, self.rid))
         self.flow.leave_decode(exc.status(), "kv transfer")
-        return None
 
     async def _failed(self, exc: grpc.aio.AioRpcError) -> None:
         """The prefill call failed once the reservation was made: the reservation goes back
@@ -211,7 +210,7 @@ class Handoff:
             raise asyncio.CancelledError
         if exc.code() == grpc.StatusCode.ABORTED:  # the KV write to the decode worker failed
             flow.leave_decode(exc, "kv transfer")
-            return None
+            return
         if not flow.worker_failed(exc):
             raise exc
         flow.router.workers.call_failed(prefill, exc)
@@ -219,7 +218,6 @@ class Handoff:
         flow.router.stats.prefill_retries += 1
         log.warning("prefill worker %s failed %s (%s): %s", prefill.worker_id, self.rid, exc.code().name,
                     exc.details())
-        return None
 
     async def settled(self) -> None:
         """``landed`` for a request the caller already has whole: a failure now is the

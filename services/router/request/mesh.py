@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from services.router.config import RouterConfig
     from services.router.policies import Decision
     from services.router.prefill_routing import IndexSeen, PrefillRouter
-    from services.router.registry import Registry, WorkerHandle
+    from services.router.registry import Registry
     from services.router.request.stats import RouterStats
+    from services.router.worker_handle import WorkerHandle
 
 
 class RouterMesh(Protocol):

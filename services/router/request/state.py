@@ -17,8 +17,8 @@ from pdmesh.rpc import messages
 from pdmesh.rpc.status import WORKER_FAILED
 from pdmesh.sampling_params import SamplingParams
 from services.router.policies import Decision
-from services.router.registry import WorkerHandle
 from services.router.request import failover
+from services.router.worker_handle import WorkerHandle
 
 if TYPE_CHECKING:
     from services.router.request.mesh import RouterMesh

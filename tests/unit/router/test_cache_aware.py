@@ -13,7 +13,7 @@ from pdmesh.mesh_types import WorkerInfo
 from services.router.policies.base import RouteContext
 from services.router.policies.cache_aware import CacheAwarePolicy
 from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 BS = 16
 PROMPT = 1024

@@ -37,9 +37,10 @@ class _DiesAfterLastMessage:
 
 def test_a_stream_whose_last_message_arrived_is_not_migrated(llama_dir) -> None:  # type: ignore[no-untyped-def]
     from services.router.config import RouterConfig
-    from services.router.registry import Registry, WorkerHandle
+    from services.router.registry import Registry
     from services.router.request.flow import RequestFlow
     from services.router.router import Router
+    from services.router.worker_handle import WorkerHandle
 
     cfg = RouterConfig(model=str(llama_dir))
     router = Router(cfg, Registry(cfg))  # no decode worker to migrate to: a migration would raise

@@ -6,7 +6,7 @@ from services.router.policies.least_loaded import LeastLoadedPolicy
 from services.router.policies.prefix_hash import rendezvous_pick, ring_pick
 from services.router.policies.round_robin import RoundRobinPolicy
 from services.router.recent import RecentRoutes
-from services.router.registry import WorkerHandle
+from services.router.worker_handle import WorkerHandle
 
 HASHES = BlockHasher(4).hash_tokens(list(range(40)))
 

@@ -4,8 +4,9 @@ and a stalled worker kept from new requests while another can take them."""
 from __future__ import annotations
 
 from services.router.config import RouterConfig
-from services.router.registry import Registry, WorkerHandle
+from services.router.registry import Registry
 from services.router.stalls import GAPS_KEPT, StallWatch
+from services.router.worker_handle import WorkerHandle
 
 
 def test_the_bound_follows_the_workers_own_gaps_within_floor_and_ceiling() -> None:

@@ -133,9 +133,9 @@ class Mesh:
         False if it exits first or never answers."""
         log = (self.log_dir / "redis.log").open("ab")
         popen = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--protected-mode", "no"],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=ends_with_this_thread(),
+            ends_with_this_thread([redis_server_binary(), "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                                   "--save", "", "--appendonly", "no", "--protected-mode", "no"]),
+            stdout=log, stderr=subprocess.STDOUT,
         )
         self.redis = Proc("redis", popen, f"127.0.0.1:{self.redis_port}")
         deadline = time.monotonic() + 10

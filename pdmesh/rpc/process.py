@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Coroutine
@@ -109,29 +109,31 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="pdmesh-parent-watch", daemon=True).start()
 
 
-_PR_SET_PDEATHSIG = 1
-"""prctl(2): the signal a child gets when the thread that forked it ends."""
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)  # the launcher ended before the signal was set: nobody would stop this one
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+"""Run as ``python -c`` in front of a child that is not ours: the death signal is set by the
+child itself and kept across ``execvp``."""
 
 
-def ends_with_this_thread() -> Any:
-    """For a child that is not ours (redis-server): SIGTERM it when the thread starting it
-    ends (Linux's PR_SET_PDEATHSIG), so a launcher killed outright (SIGKILL, a test
-    runner's timeout) leaves no Redis behind, as our own services end by watching their
-    parent (``exit_with_parent``). Only from the main thread, which lives as long as the
-    process: from another, the child would die with that thread. None where prctl is not
-    there (not Linux): the child then outlives a killed launcher."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_death_signal() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-    return set_death_signal
+def ends_with_this_thread(argv: list[str]) -> list[str]:
+    """``argv`` for a child that is not ours (redis-server), started so that it gets SIGTERM
+    when the thread starting it ends (Linux's PR_SET_PDEATHSIG): a launcher killed outright
+    (SIGKILL, a test runner's timeout) then leaves no Redis behind, as our own services end
+    by watching their parent (``exit_with_parent``). The child sets the signal itself, in a
+    short Python trampoline before it execs ``argv``: setting it in the parent's fork
+    (``preexec_fn``) makes ``subprocess`` fork() where it would vfork, which runs gRPC's
+    fork handlers, and one of those hung a test run for good in ``fork()``. Only from the
+    main thread, which lives as long as the process (from another, the child would die with
+    that thread), and only on Linux; otherwise ``argv`` as it is, whose child then outlives a
+    killed launcher."""
+    if threading.current_thread() is not threading.main_thread() or not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def freeze_startup_objects() -> int:

@@ -149,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
         ops (None)."""
         self.few_rows = few_rows_kernel(kernels)
         for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, GatedMLP, Experts)):
+            if isinstance(m, (RMSNorm, Attention, MLAAttention, GatedMLP, Experts)):
                 m.kernels = kernels
             elif isinstance(m, Linear):
                 m.few_rows = self.few_rows

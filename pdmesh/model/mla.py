@@ -5,12 +5,23 @@ Each layer writes its tokens' latents, ``[normed kv compression | rotated shared
 into the block slots the scheduler gave them, then expands the latents of every context it
 attends (``kv_b_proj``) into per-head keys and values and attends as transformers does:
 SDPA over a prefill chunk, the same two matmuls as the torch backend's for decode tokens.
-This is the reference formulation, token for token transformers' in float32; decode with
-the up-projections absorbed into the query (attention computed on the latent, as
-DeepSeek's own inference does, without expanding the context) is faster and is not built.
+That is the reference formulation, token for token transformers' in float32, and what the
+torch backend runs.
+
+Where the engine runs the CPU kernels, decode tokens attend on the latent instead, the
+up-projections absorbed as DeepSeek's own inference does: each head's query meets
+``kv_b``'s key half once (``q_nope @ W_uk`` gives a query in the latent's space), every
+head then scores the same latent rows, which is multi-query attention with one KV head of
+``kv_lora_rank + rope`` numbers (the C++ decode kernel, each latent row read once for all
+heads), and the weighted sum of compressions meets the value half once per head. No
+context is expanded; per token and step that is heads x (latent_dim) multiply-adds for the
+scores instead of kv_b's heads x (nope + v) x kv_lora_rank. The sums run in another order
+than transformers', so greedy tokens equal its only up to near-ties (tests compare tie-aware).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +32,9 @@ from pdmesh.attention.sampled_rows import SampledRows
 from pdmesh.attention.torch_backend import decode_bias
 from pdmesh.model.config import ModelConfig
 from pdmesh.model.layers import Linear, RMSNorm, apply_rope
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 LORA_NORM_EPS = 1e-6
 """The eps of the q and kv compressions' norms: transformers keeps its default there, not
@@ -49,6 +63,9 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, LORA_NORM_EPS)
         self.kv_b_proj = Linear(mla.kv_lora_rank, cfg.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.o = Linear(cfg.num_heads * mla.v_head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.kernels: ModuleType | None = None
+        """The CPU kernels when the engine runs them (``LlamaForCausalLM.use_kernels``):
+        decode then attends on the latent (``_decode_absorbed``)."""
 
     def forward(
         self,
@@ -76,7 +93,10 @@ class MLAAttention(nn.Module):
             query, latent, meta = query[last.rows], latent[last.rows], last.meta
         out = torch.empty((query.shape[0], self.num_heads, mla.v_head_dim), dtype=x.dtype, device=x.device)
         nd = meta.num_decodes
-        if nd:
+        if nd and self.kernels is not None:
+            q_nope, q_rot = query[:nd].split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
+            out[:nd] = self._decode_absorbed(q_nope, q_rot, kv_layer, meta)
+        elif nd:
             out[:nd] = self._decode(query[:nd], cache, meta)
         for p in meta.prefills:
             qs = query[p.q_start : p.q_start + p.q_len].transpose(0, 1).unsqueeze(0)
@@ -121,3 +141,29 @@ class MLAAttention(nn.Module):
         scores.add_(decode_bias(meta, lens, span))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         return torch.matmul(probs, v).squeeze(2)
+
+    def _up_halves(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b``'s weight as its key half [heads, nope, kv_lora_rank] and value half
+        [heads, v, kv_lora_rank]: views of the one weight, no copy."""
+        mla = self.mla
+        w = self.kv_b_proj.weight.view(self.num_heads, mla.qk_nope_head_dim + mla.v_head_dim, mla.kv_lora_rank)
+        return w[:, : mla.qk_nope_head_dim], w[:, mla.qk_nope_head_dim :]
+
+    def _decode_absorbed(self, q_nope: torch.Tensor, q_rot: torch.Tensor, kv_layer: torch.Tensor,
+                         meta: AttentionMetadata) -> torch.Tensor:
+        """Decode tokens ([b, heads, nope] and their rotated [b, heads, rope]) attending on
+        the latent: the scores of ``[q_nope W_uk | q_rot]`` against ``[compression | k_rot]``
+        are those of the expanded keys, and the weighted compressions times ``W_uv`` are the
+        weighted values. The kernel reads K and V rows from one plane (V's stride 0), so each
+        latent row is both; the k_rot part of its output is dropped."""
+        if self.kernels is None or meta.decode_block_tables is None or meta.decode_seq_lens is None:
+            raise RuntimeError("absorbed MLA decode runs on the CPU kernels, over decode block tables")
+        w_uk, w_uv = self._up_halves()
+        rank = self.mla.kv_lora_rank
+        q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [b, heads, rank]
+        q = torch.cat([q_lat, q_rot], dim=-1).contiguous()
+        planes = kv_layer.as_strided((kv_layer.shape[0], 2, *kv_layer.shape[2:]),
+                                     (kv_layer.stride(0), 0, *kv_layer.stride()[2:]))
+        ctx = self.kernels.paged_decode(q, planes, meta.decode_block_tables, meta.decode_seq_lens,
+                                        self.scale, 0, 0.0)[..., :rank]  # [b, heads, rank]
+        return torch.bmm(ctx.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [b, heads, v]

@@ -38,11 +38,12 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "GptOssForCausalLM": "gpt_oss",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 """The ``architectures`` pdmesh serves, by family (the README's table of families)."""
 _QWEN2 = ("qwen2", "qwen2_moe")
-_O_BIAS = ("llama", "mistral", "qwen3", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v3")
+_O_BIAS = ("llama", "mistral", "qwen3", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 """Families whose ``attention_bias`` also puts a bias on the output projection."""
 
 
@@ -157,7 +158,7 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         gemma = gemma_fields(raw, family, hidden) if family in GEMMA_FAMILIES else {}
         rope = gemma.pop("rope", None) or rope_config(rope_params(raw), raw)
-        mla = parse_mla(raw) if family in MLA_FAMILIES else None
+        mla = parse_mla(family, raw) if family in MLA_FAMILIES else None
         if mla is not None:
             gemma["attention_scale"] = mla_scale(mla, rope_params(raw))
         return cls(

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V3) over the paged cache, which holds each token's
+"""Multi-head latent attention (DeepSeek-V2/V3) over the paged cache, which holds each token's
 latent (``mla_config.py``) in place of K and V.
 
 Each layer writes its tokens' latents, ``[normed kv compression | rotated shared key]``,
@@ -109,13 +109,16 @@ class MLAAttention(nn.Module):
         return self.o(out.reshape(out.shape[0], self.num_heads * mla.v_head_dim))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The rotary embedding on ``x`` [T, heads, rope_dim]: on DeepSeek's interleaved
-        pairs as transformers computes it, or on halves."""
-        if not self.mla.rope_interleave:
+        """The rotary embedding on ``x`` [T, heads, rope_dim] in the family's layout
+        (``mla_config.RopeLayout``), as its transformers code computes it."""
+        layout = self.mla.rope_layout
+        if layout == "halves":
             return apply_rope(x, cos, sin)
         half = x.shape[-1] // 2
         cos, sin = cos[..., :half], sin[..., :half]
         x1, x2 = x[..., 0::2], x[..., 1::2]
+        if layout == "pairs":  # (x1 + i x2)(cos + i sin), each pair back in its place
+            return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
     def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,9 +13,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-MLA_FAMILIES = ("deepseek_v3",)
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
+
+RopeLayout = Literal["halves", "pairs_to_halves", "pairs"]
+"""How the rotary dimensions are laid out and rotated, as each family's transformers code
+does it: ``halves`` rotates (x[:d/2], x[d/2:]) in place (``rope_interleave: false``);
+``pairs_to_halves`` rotates the pairs (x0, x1), (x2, x3) ... and writes them out as halves
+(DeepSeek-V3); ``pairs`` rotates the pairs in place, as a complex product (DeepSeek-V2).
+Queries and keys share the layout, so each gives the same scores up to rounding; the
+family's own one gives transformers' bits."""
 
 
 @dataclass(frozen=True)
@@ -28,9 +36,7 @@ class MLAConfig:
     qk_rope_head_dim: int
     """The rotary dimensions: one key for all heads, a query part per head."""
     v_head_dim: int
-    rope_interleave: bool
-    """The checkpoint's rotary dimensions are in pairs (x0, x1), (x2, x3), ... (DeepSeek's
-    own layout) rather than in halves."""
+    rope_layout: RopeLayout
 
     @property
     def qk_head_dim(self) -> int:
@@ -42,15 +48,17 @@ class MLAConfig:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-def parse_mla(raw: dict[str, Any]) -> MLAConfig:
+def parse_mla(family: str, raw: dict[str, Any]) -> MLAConfig:
     q_rank = raw.get("q_lora_rank")
+    layout: RopeLayout = "pairs" if family == "deepseek_v2" else (
+        "pairs_to_halves" if raw.get("rope_interleave", True) else "halves")
     return MLAConfig(
         q_lora_rank=int(q_rank) if q_rank else None,
         kv_lora_rank=int(raw["kv_lora_rank"]),
         qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
         qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
         v_head_dim=int(raw["v_head_dim"]),
-        rope_interleave=bool(raw.get("rope_interleave", True)),
+        rope_layout=layout,
     )
 
 

@@ -53,7 +53,25 @@ class Router(nn.Module):
         if cfg.router == "topk_softmax":
             top, ids = torch.topk(self.gate(x), cfg.top_k, dim=-1)
             return ids, torch.softmax(top, dim=1, dtype=top.dtype)
+        if cfg.router == "softmax_group_topk":
+            return self._grouped_softmax(x)
         return self._grouped_sigmoid(x)
+
+    def _grouped_softmax(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V2's: a group counts by its best expert; the experts of the groups left
+        out score 0 (not -inf, as transformers masks them), so with few groups kept they
+        can still be chosen last."""
+        cfg = self.cfg
+        scores = nn.functional.linear(x.float(), self.gate.weight.float()).softmax(dim=-1, dtype=torch.float32)
+        if cfg.n_group > 1:
+            per_group = cfg.num_experts // cfg.n_group
+            group_scores = scores.view(-1, cfg.n_group, per_group).max(dim=-1).values
+            groups = torch.topk(group_scores, k=cfg.topk_group, dim=-1, sorted=False)[1]
+            keep = torch.zeros_like(group_scores).scatter_(1, groups, 1).bool()
+            keep = keep.unsqueeze(-1).expand(-1, cfg.n_group, per_group).reshape(-1, cfg.num_experts)
+            scores = scores.masked_fill(~keep, 0.0)
+        weights, ids = torch.topk(scores, k=cfg.top_k, dim=-1, sorted=False)
+        return ids, weights * cfg.routed_scaling_factor
 
     def _grouped_sigmoid(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg

@@ -14,12 +14,14 @@ from typing import Any, Literal
 
 from pdmesh.errors import UnsupportedModelError
 
-RouterKind = Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk"]
+RouterKind = Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk", "softmax_group_topk"]
 """softmax_topk: softmax over every expert (float32), the top k, optionally renormalised
 (Qwen2/3-MoE, Mixtral, OLMoE); topk_softmax: the top k logits of a biased router, softmax
 over those alone (gpt-oss); sigmoid_group_topk: sigmoid scores, experts chosen by score
 plus a correction bias within the best groups, weights from the scores, renormalised and
-scaled (DeepSeek-V3)."""
+scaled (DeepSeek-V3); softmax_group_topk: softmax scores, the top k within the groups whose
+best expert is among the ``topk_group`` best (all groups for ``topk_method: greedy``),
+their scores scaled, never renormalised (DeepSeek-V2)."""
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,10 @@ class MoEConfig:
     shared_gate: bool = False
     """The shared expert's output is scaled by sigmoid(a learned gate) (Qwen2-MoE)."""
     n_group: int = 1
-    """sigmoid_group_topk: experts are chosen within the ``topk_group`` best of these groups."""
+    """The grouped routers: experts are chosen within the ``topk_group`` best of these groups."""
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
-    """sigmoid_group_topk: the routed experts' weights are scaled by this."""
+    """The grouped routers: the routed experts' weights are scaled by this."""
     activation: Literal["silu", "clamped_swiglu"] = "silu"
     """silu: down(silu(gate) * up); clamped_swiglu (gpt-oss): gate clamped above and up on
     both sides at ``swiglu_limit``, down((up + 1) * gate * sigmoid(alpha * gate))."""
@@ -107,6 +109,22 @@ def parse_moe(family: str, raw: dict[str, Any], layers: int) -> MoEConfig | None
                          router="sigmoid_group_topk",
                          shared_intermediate_size=width * int(raw.get("n_shared_experts") or 0),
                          n_group=int(raw.get("n_group") or 1), topk_group=int(raw.get("topk_group") or 1),
+                         routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)))
+    if family == "deepseek_v2":
+        method = raw.get("topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise UnsupportedModelError(f"topk_method={method!r} is not supported for DeepSeek-V2 "
+                                        "(greedy, group_limited_greedy)")
+        if int(raw.get("moe_layer_freq", 1) or 1) != 1:  # DeepSeek's own code reads it; transformers does not
+            raise UnsupportedModelError(f"moe_layer_freq={raw['moe_layer_freq']} is not supported (only 1)")
+        grouped = method == "group_limited_greedy"
+        dense = int(raw.get("first_k_dense_replace", 0) or 0)
+        width = int(raw["moe_intermediate_size"])
+        return MoEConfig(_experts(raw, "n_routed_experts", "num_local_experts"), int(raw["num_experts_per_tok"]),
+                         width, frozenset(range(dense, layers)), router="softmax_group_topk",
+                         shared_intermediate_size=width * int(raw.get("n_shared_experts") or 0),
+                         n_group=int(raw.get("n_group") or 1) if grouped else 1,
+                         topk_group=int(raw.get("topk_group") or 1) if grouped else 1,
                          routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)))
     if family == "olmoe":
         return MoEConfig(_experts(raw, "num_experts", "num_local_experts"), int(raw["num_experts_per_tok"]),

@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from pdmesh.tools import TINY_ARCHS
-from pdmesh.tools.tiny_families import MOE_ARCHS, family_config, family_weights
+from pdmesh.tools.tiny_families import DEEPSEEK_ARCHS, MOE_ARCHS, family_config, family_weights
 
 Arch = Literal["llama", "qwen2", "qwen3", "phi3", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gemma2", "gemma3",
-               "deepseek_v3"]
+               "deepseek_v2", "deepseek_v3"]
 ARCHS = TINY_ARCHS
 Size = Literal["tiny", "small", "small-draft", "llama-8b"]
 
@@ -175,7 +175,7 @@ def random_weights(cfg: dict[str, Any], seed: int, device: str = "cpu",
         return normal(n, scale=0.1, mean=1.0)
 
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(vocab, hidden)}
-    if arch in ("phi3", *MOE_ARCHS, "gemma2", "gemma3_text", "deepseek_v3"):  # Gemma 3's model_type: gemma3_text
+    if arch in ("phi3", *MOE_ARCHS, "gemma2", "gemma3_text", *DEEPSEEK_ARCHS):  # Gemma 3's model_type: gemma3_text
         family_weights(w, cfg, normal, norm_weight)
         return w
     for i in range(int(cfg["num_hidden_layers"])):

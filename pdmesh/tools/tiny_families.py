@@ -1,4 +1,4 @@
-"""The newer families ``make-tiny`` draws (Phi-3, Gemma 2/3, DeepSeek-V3 and the mixtures of experts):
+"""The newer families ``make-tiny`` draws (Phi-3, Gemma 2/3, DeepSeek-V2/V3 and the mixtures of experts):
 their config fields and checkpoint tensor names, as each family's own folders write them."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pdmesh.tools import TINY_ARCHS
 
 MOE_ARCHS = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
 GEMMA_ARCHS = ("gemma2", "gemma3")
+DEEPSEEK_ARCHS = ("deepseek_v2", "deepseek_v3")
 TINY_WINDOW = 24
 """The Gemma archs' sliding window: short, so that tests' prompts run past it several times
 over, and not a multiple of a block."""
@@ -54,8 +55,8 @@ def family_config(arch: str, hidden: int, heads: int, max_positions: int, layers
                 "norm_topk_prob": False, "clip_qkv": 2.0, "attention_bias": False, **moe}
     if arch in GEMMA_ARCHS:
         return gemma_config(arch, hidden, heads, layers)
-    if arch == "deepseek_v3":
-        return deepseek_config(hidden, heads, max_positions, experts, expert_intermediate) | moe
+    if arch in DEEPSEEK_ARCHS:
+        return deepseek_config(arch, hidden, heads, max_positions, experts, expert_intermediate) | moe
     raise ValueError(f"arch must be one of {', '.join(TINY_ARCHS)}, got {arch!r}")
 
 
@@ -79,18 +80,27 @@ def gemma_config(arch: str, hidden: int, heads: int, layers: int) -> dict[str, A
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
 
 
-def deepseek_config(hidden: int, heads: int, max_positions: int, experts: int, expert_intermediate: int
-                    ) -> dict[str, Any]:
+def deepseek_config(arch: str, hidden: int, heads: int, max_positions: int, experts: int,
+                    expert_intermediate: int) -> dict[str, Any]:
     """DeepSeek-V3's shape in small: latent attention (a q compression half the hidden
     width, a kv latent of a quarter plus an 8-wide shared rotary key: 40 numbers a token
     and layer against the 128 of K and V for 4 heads of 16), YaRN with its mscale, a dense
-    first layer, then grouped sigmoid routing with a shared expert."""
-    return {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "tie_word_embeddings": False,
-            "num_key_value_heads": heads, "q_lora_rank": hidden // 2, "kv_lora_rank": hidden // 2,
-            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8, "rope_interleave": True,
-            "n_routed_experts": experts, "moe_intermediate_size": expert_intermediate, "n_shared_experts": 1,
-            "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
-            "norm_topk_prob": True, "attention_bias": False,
+    first layer, then grouped sigmoid routing with a shared expert. DeepSeek-V2's as its
+    Lite model has it (queries through one projection, no compression) with the big one's
+    group-limited softmax routing and in-place rotary pairs."""
+    if arch == "deepseek_v2":
+        family = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "q_lora_rank": None,
+                  "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2, "n_shared_experts": 2,
+                  "routed_scaling_factor": 1.5, "norm_topk_prob": False}
+    else:
+        family = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "q_lora_rank": hidden // 2,
+                  "rope_interleave": True, "n_group": 2, "topk_group": 1, "n_shared_experts": 1,
+                  "routed_scaling_factor": 2.5, "norm_topk_prob": True}
+    return family | {
+            "tie_word_embeddings": False, "num_key_value_heads": heads, "kv_lora_rank": hidden // 2,
+            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8,
+            "n_routed_experts": experts, "moe_intermediate_size": expert_intermediate,
+            "first_k_dense_replace": 1, "attention_bias": False,
             "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                 "original_max_position_embeddings": max_positions // 4, "mscale": 1.0,
                                 "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}}
@@ -100,12 +110,16 @@ def _mla_weights(w: dict[str, torch.Tensor], p: str, cfg: dict[str, Any], normal
     """One layer's latent-attention tensors, drawn wider than the rest (scale 0.1) so that
     scores, and so the rotary embedding and the latent's expansion, decide tokens."""
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    q_rank, kv_rank = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])
+    kv_rank = int(cfg["kv_lora_rank"])
     nope, rope, v = (int(cfg[k]) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     a = p + "self_attn."
-    w[a + "q_a_proj.weight"] = normal(q_rank, hidden, scale=0.1)
-    w[a + "q_a_layernorm.weight"] = norm_weight(q_rank)
-    w[a + "q_b_proj.weight"] = normal(heads * (nope + rope), q_rank, scale=0.1)
+    if cfg["q_lora_rank"] is None:
+        w[a + "q_proj.weight"] = normal(heads * (nope + rope), hidden, scale=0.1)
+    else:
+        q_rank = int(cfg["q_lora_rank"])
+        w[a + "q_a_proj.weight"] = normal(q_rank, hidden, scale=0.1)
+        w[a + "q_a_layernorm.weight"] = norm_weight(q_rank)
+        w[a + "q_b_proj.weight"] = normal(heads * (nope + rope), q_rank, scale=0.1)
     w[a + "kv_a_proj_with_mqa.weight"] = normal(kv_rank + rope, hidden, scale=0.1)
     w[a + "kv_a_layernorm.weight"] = norm_weight(kv_rank)
     w[a + "kv_b_proj.weight"] = normal(heads * (nope + v), kv_rank, scale=0.1)
@@ -127,7 +141,7 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, Any], normal, norm
     for i in range(layers):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm_weight(hidden)
-        if arch == "deepseek_v3":
+        if arch in DEEPSEEK_ARCHS:
             _mla_weights(w, p, cfg, normal, norm_weight)
         elif arch == "phi3":
             w[p + "self_attn.qkv_proj.weight"] = normal((heads + 2 * kv) * head_dim, hidden)
@@ -144,7 +158,7 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, Any], normal, norm
         if arch == "olmoe":
             w[p + "self_attn.q_norm.weight"] = norm_weight(heads * head_dim)
             w[p + "self_attn.k_norm.weight"] = norm_weight(kv * head_dim)
-        if arch != "deepseek_v3":
+        if arch not in DEEPSEEK_ARCHS:
             w[p + "self_attn.o_proj.weight"] = normal(hidden, heads * head_dim)
         w[p + "post_attention_layernorm.weight"] = norm_weight(hidden)
         if gemma:
@@ -164,10 +178,12 @@ def family_weights(w: dict[str, torch.Tensor], cfg: dict[str, Any], normal, norm
         block, names = (("block_sparse_moe", ("w1", "w3", "w2")) if arch == "mixtral"
                         else ("mlp", ("gate_proj", "up_proj", "down_proj")))
         w[p + f"{block}.gate.weight"] = normal(experts, hidden, scale=0.5)  # routing decided, not near-tied
-        if arch == "deepseek_v3":  # the choosing-only bias, and one shared expert as wide as a routed one
+        if arch == "deepseek_v3":  # the choosing-only bias
             w[p + "mlp.gate.e_score_correction_bias"] = normal(experts, scale=0.1)
-            for name, shape in (("gate_proj", (width, hidden)), ("up_proj", (width, hidden)),
-                                ("down_proj", (hidden, width))):
+        if arch in DEEPSEEK_ARCHS:  # n_shared_experts routed experts' width, as one MLP
+            shared_width = width * int(cfg["n_shared_experts"])
+            for name, shape in (("gate_proj", (shared_width, hidden)), ("up_proj", (shared_width, hidden)),
+                                ("down_proj", (hidden, shared_width))):
                 w[p + f"mlp.shared_experts.{name}.weight"] = normal(*shape)
         for e in range(experts):
             for name, shape in zip(names, ((width, hidden), (width, hidden), (hidden, width))):

@@ -70,6 +70,16 @@ def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = Fals
             "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "initializer_range": 0.1,
             "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                 "original_max_position_embeddings": 128, "mscale": 1.0, "mscale_all_dim": 1.0}}),
+        # DeepSeek-V2: the same attention with queries through one projection (as its Lite
+        # model), rotary pairs rotated in place, group-limited softmax routing, two shared experts.
+        "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+            "num_key_value_heads": 4, "intermediate_size": 96, "moe_intermediate_size": 32, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "n_shared_experts": 2, "topk_method": "group_limited_greedy", "n_group": 4,
+            "topk_group": 2, "first_k_dense_replace": 1, "routed_scaling_factor": 1.5, "q_lora_rank": None,
+            "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+            "initializer_range": 0.1,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 128, "mscale": 1.0, "mscale_all_dim": 1.0}}),
     }
     config_cls, model_cls, extra = configs[arch]
     torch.manual_seed(7)
@@ -90,12 +100,13 @@ def _hf_saved(tmp_path: Path, tokenizer_dir: Path, arch: str, shard: bool = Fals
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "phi3", "mistral", "qwen2", "gemma2",
-                                  "gemma3", "gpt_oss", "deepseek_v3"])
+                                  "gemma3", "gpt_oss", "deepseek_v2", "deepseek_v3"])
 def test_a_folder_transformers_saved_serves_its_greedy_tokens(tmp_path: Path, llama_dir: Path, arch: str) -> None:
     """Qwen3-MoE here has dense and sparse layers (decoder_sparse_step, mlp_only_layers), the
     checkpoint sharded; Qwen2-MoE a shared expert and 4 of 8 experts; OLMoE clipped q/k/v;
     Mistral, Qwen2 and Gemma sliding windows (Gemma 3's pattern as Hub configs give it);
-    gpt-oss sinks and YaRN; DeepSeek-V3 latent attention over a latent cache."""
+    gpt-oss sinks and YaRN; DeepSeek-V3 latent attention over a latent cache, DeepSeek-V2 the
+    same with one query projection, rotary pairs in place and group-limited softmax routing."""
     from transformers import AutoModelForCausalLM
 
     path = _hf_saved(tmp_path, llama_dir, arch, shard=arch == "qwen3_moe")
@@ -159,7 +170,7 @@ def test_phi3s_longrope_rotates_as_transformers_below_the_original_context_and_l
 
 def test_unsupported_architectures_list_what_is_served() -> None:
     with pytest.raises(UnsupportedModelError) as err:
-        ModelConfig.from_dict({"architectures": ["DeepseekV2ForCausalLM"]})
+        ModelConfig.from_dict({"architectures": ["Glm4MoeForCausalLM"]})
     assert all(a in str(err.value) for a in ARCHITECTURES) and "README.md, 'Model families'" in str(err.value)
 
 

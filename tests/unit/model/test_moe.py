@@ -15,6 +15,7 @@ H, T = 32, 40
 
 def _families():  # type: ignore[no-untyped-def]
     from transformers import (
+        DeepseekV2Config,
         DeepseekV3Config,
         GptOssConfig,
         MixtralConfig,
@@ -22,6 +23,7 @@ def _families():  # type: ignore[no-untyped-def]
         Qwen2MoeConfig,
         Qwen3MoeConfig,
     )
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2 as d2
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
     from transformers.models.gpt_oss import modeling_gpt_oss as go
     from transformers.models.mixtral import modeling_mixtral as mx
@@ -46,14 +48,24 @@ def _families():  # type: ignore[no-untyped-def]
                                          moe_intermediate_size=16, n_shared_experts=1, n_group=4, topk_group=2,
                                          routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1),
                         ds.DeepseekV3TopkRouter, ds.DeepseekV3MoE),
+        "deepseek_v2": (DeepseekV2Config(**common, n_routed_experts=16, num_experts_per_tok=4,
+                                         moe_intermediate_size=16, n_shared_experts=2, n_group=4, topk_group=2,
+                                         topk_method="group_limited_greedy", routed_scaling_factor=1.5,
+                                         first_k_dense_replace=1),
+                        d2.DeepseekV2TopkRouter, d2.DeepseekV2Moe),
+        "deepseek_v2_greedy": (DeepseekV2Config(**common, n_routed_experts=16, num_experts_per_tok=4,
+                                                moe_intermediate_size=16, n_shared_experts=1, topk_method="greedy",
+                                                first_k_dense_replace=1),
+                               d2.DeepseekV2TopkRouter, d2.DeepseekV2Moe),
     }
 
 
-FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3")
+FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "deepseek_v3", "deepseek_v2",
+            "deepseek_v2_greedy")
 
 
 def _moe_cfg(family: str, hf_cfg):  # type: ignore[no-untyped-def]
-    cfg = parse_moe(family, hf_cfg.to_dict(), hf_cfg.num_hidden_layers)
+    cfg = parse_moe(family.removesuffix("_greedy"), hf_cfg.to_dict(), hf_cfg.num_hidden_layers)
     assert cfg is not None
     return cfg
 
